@@ -1,0 +1,242 @@
+"""The resolved trainer config: what `launchgen render` writes into the job, and what a user may write by hand.
+
+`python -m launchgen.trainers.grpo --config run.yaml` reads exactly this model. It imports only pydantic
+(never torch), so `launchgen check` and `render` can validate trainer arguments on a login node.
+
+Names follow TRL's configs (GRPOConfig / RLOOConfig) wherever TRL has the knob, so users can carry their
+settings over; defaults are TRL 1.16's unless a field's description says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
+#: Trainers that generate online and can therefore use a vLLM backend.
+ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
+
+Precision = Literal["bf16", "fp16", "fp32"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+ScaleRewards = Literal["group", "batch", "none"]
+ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+Backend = Literal["vllm_server", "vllm_colocate", "hf"]
+
+#: Built-in attention implementations transformers accepts by name.
+BUILTIN_ATTN = frozenset(
+    {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
+)
+#: `org/repo[@revision][:function]`, the form transformers' hub-kernel loader accepts.
+HUB_KERNEL_RE = re.compile(r"^(?:[^/:|]+\|)?[^/:@]+/[^/:@]+(?:@[^/:@]+)?(?::[^/:@]+)?$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
+
+
+class ModelSection(_Strict):
+    name_or_path: str = Field(description="Hub model id or local directory (must be in the local cache on offline nodes).")
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) to load.")
+    trust_remote_code: bool = Field(default=False, description="Allow the model repo's own modeling code.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="dtype the weights are loaded in; `auto` follows the precision setting."
+    )
+    attn_implementation: str | None = Field(
+        default=None,
+        description="Built-in (`sdpa`, `eager`, `flash_attention_2`, ...) or a Hub kernel `org/repo[@revision]`.",
+    )
+    use_liger_kernel: bool = Field(
+        default=False, description="Patch the model with Liger ops and use Liger's fused linear GRPO loss."
+    )
+    gradient_checkpointing: bool = Field(default=False, description="Trade compute for activation memory.")
+
+    @model_validator(mode="after")
+    def _attn_syntax(self) -> ModelSection:
+        a = self.attn_implementation
+        if a is not None and a not in BUILTIN_ATTN and not HUB_KERNEL_RE.match(a):
+            raise ValueError(
+                f"attn_implementation {a!r} is neither a built-in ({', '.join(sorted(BUILTIN_ATTN))}) "
+                "nor a Hub kernel of the form org/repo[@revision]"
+            )
+        return self
+
+
+class DataSection(_Strict):
+    path: str = Field(
+        description="Local .jsonl/.json/.parquet file, or a Hub data set name (needs the `datasets` package)."
+    )
+    split: str = Field(default="train", description="Split of a Hub data set.")
+    config_name: str | None = Field(default=None, description="Hub data set configuration name.")
+    prompt_column: str = Field(default="prompt", description="Column holding the prompt (text or chat messages).")
+    column_mapping: dict[str, str] = Field(
+        default_factory=dict, description="Rename columns before use: {source_name: target_name}."
+    )
+    system_prompt: str | None = Field(default=None, description="Prepended as a system message for chat templates.")
+    max_prompt_length: int | None = Field(default=None, ge=1, description="Left-truncate prompts to this many tokens.")
+    shuffle: bool = Field(default=True, description="Shuffle prompts each epoch (seeded).")
+
+
+class RewardSpec(_Strict):
+    name: str = Field(
+        description="Built-in (`accuracy`, `format`, `length`) or `package.module:function` with TRL's call "
+        "convention f(prompts, completions, **columns) -> list[float | None]."
+    )
+    weight: float = Field(default=1.0, description="Weight in the weighted sum of rewards.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
+
+
+class VLLMServerSection(_Strict):
+    host: str = Field(default="127.0.0.1", description="Address of the `vllm serve` process.")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the server.")
+    base_url: str | None = Field(default=None, description="Overrides host and port when set.")
+    group_port: int = Field(
+        default=51216, ge=1, le=65535,
+        description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous (the server connects to it).",
+    )
+    group_host: str | None = Field(
+        default=None,
+        description="Address the server's workers use to reach trainer rank 0; default: VLLM_HOST_IP or this host's IP.",
+    )
+    health_timeout: float = Field(default=240.0, gt=0, description="Seconds to wait for /health before giving up.")
+    request_timeout: float = Field(default=600.0, gt=0, description="Seconds for one generation request.")
+    weight_sync_timeout: float = Field(default=1800.0, gt=0, description="Seconds for one weight update.")
+    control_timeout: float = Field(default=300.0, gt=0, description="Seconds for control calls (start/finish/reset).")
+
+
+class VLLMColocateSection(_Strict):
+    tensor_parallel_size: int = Field(default=1, ge=1, description="TP size of the in-process engine.")
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1, description="Fraction of each GPU for vLLM.")
+    max_model_len: int | None = Field(default=None, ge=1, description="Context length of the engine.")
+    enable_sleep_mode: bool = Field(default=False, description="Sleep (level 2) between generations.")
+    max_num_batched_tokens: int = Field(default=4096, ge=1, description="vLLM scheduler token budget.")
+
+
+class ImportanceSamplingSection(_Strict):
+    enabled: bool = Field(default=True, description="Correct for vLLM/trainer log-prob mismatch (GRPO with vLLM).")
+    mode: ISMode = Field(default="sequence_mask", description="Truncated or masked, per token or per sequence.")
+    clip_max: float | None = Field(default=3.0, gt=0, description="C_max.")
+    clip_min: float | None = Field(default=None, ge=0, description="C_min; must be below C_max.")
+    sequence_reduction: Literal["sum", "mean"] = Field(
+        default="sum",
+        description="sequence_* modes: `sum` of token log-ratios (TRL: a product, masks long completions easily) "
+        "or `mean` (geometric mean of the token ratios, length-independent).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ImportanceSamplingSection:
+        if self.clip_min is not None and self.clip_max is not None and self.clip_min >= self.clip_max:
+            raise ValueError("clip_min must be below clip_max")
+        if self.mode.endswith("_truncate") and self.clip_min is None and self.clip_max is None:
+            raise ValueError(f"mode {self.mode} needs clip_min or clip_max")
+        return self
+
+
+class GenerationSection(_Strict):
+    backend: Backend = Field(default="hf", description="`vllm_server`, `vllm_colocate` or `hf` (plain generate).")
+    max_completion_length: int = Field(default=256, ge=1, description="Max new tokens per completion.")
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k.")
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    repetition_penalty: float = Field(default=1.0, gt=0)
+    generation_kwargs: dict[str, Any] = Field(default_factory=dict, description="Merged into the vLLM request last.")
+    vllm_server: VLLMServerSection = Field(default_factory=VLLMServerSection)
+    vllm_colocate: VLLMColocateSection = Field(default_factory=VLLMColocateSection)
+    importance_sampling: ImportanceSamplingSection = Field(default_factory=ImportanceSamplingSection)
+
+
+class TrainerConfig(_Strict):
+    trainer: TrainerName = Field(description="Bundled trainer: grpo, rloo, online_dpo or sft.")
+    output_dir: str = Field(description="Checkpoints, metrics.jsonl and the final model go here.")
+    seed: int = Field(default=42)
+    precision: Precision = Field(default="bf16", description="bf16 (Ampere+), fp16 with loss scaling, or fp32.")
+    model: ModelSection
+    data: DataSection
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="accuracy")])
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+
+    # algorithm (TRL names)
+    num_generations: int | None = Field(default=None, ge=2, description="Completions per prompt (GRPO 8, RLOO 2).")
+    beta: float | None = Field(default=None, ge=0, description="KL coefficient (GRPO 0.0, RLOO 0.05).")
+    loss_type: LossType = Field(default="dapo", description="GRPO loss normalisation.")
+    epsilon: float = Field(default=0.2, gt=0, description="Lower clip range.")
+    epsilon_high: float | None = Field(default=None, gt=0, description="Upper clip range; defaults to epsilon.")
+    scale_rewards: ScaleRewards = Field(default="group", description="Std scaling of GRPO advantages.")
+    num_iterations: int = Field(default=1, ge=1, description="Optimisation passes per generation batch.")
+    use_bias_correction_kl: bool = Field(default=True, description="Multiply the k3 KL by the (live) ratio.")
+    normalize_advantages: bool = Field(default=False, description="RLOO: whiten advantages over the batch.")
+    reward_clip_range: tuple[float, float] | None = Field(default=None, description="RLOO: clamp rewards.")
+    mask_truncated_completions: bool = Field(default=False, description="Zero the loss of completions cut at max length.")
+
+    # optimisation
+    learning_rate: float = Field(default=1e-6, gt=0)
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(default="linear")
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    adam_beta2: float = Field(default=0.999, gt=0, lt=1)
+    adam_epsilon: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
+    per_device_train_batch_size: int = Field(default=8, ge=1, description="Completions per device per micro-batch.")
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
+    max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run.")
+
+    # checkpoints and logs
+    save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
+    save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
+    save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
+    logging_steps: int = Field(default=1, ge=1)
+    report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
+    resume: Literal["auto", "never"] = Field(default="auto", description="Resume from the newest checkpoint in output_dir.")
+
+    @model_validator(mode="after")
+    def _fill_trainer_defaults(self) -> TrainerConfig:
+        if self.num_generations is None:
+            self.num_generations = 2 if self.trainer in ("rloo", "online_dpo") else 8
+        if self.beta is None:
+            self.beta = 0.05 if self.trainer == "rloo" else 0.0
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        if self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        if self.trainer == "sft" and self.generation.backend != "hf":
+            raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainerConfig:
+        """Load `path`, then apply `--set dotted.key=value` overrides (values parsed as YAML).
+
+        The rendered scripts use overrides for what is only known on the node at run time (the server's
+        host, ports shifted by the job-id offset), so the embedded config file stays a static artefact.
+        """
+        data = yaml.safe_load(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        for item in overrides or []:
+            apply_override(data, item)
+        return cls.model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `dotted.key=value` override in place; the value is parsed as YAML (`8000` -> int)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {item!r} is not of the form dotted.key=value")
+    parts = key.split(".")
+    node: dict[str, Any] = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"override {item!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
