@@ -21,7 +21,9 @@ TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
 ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
 
 Precision = Literal["bf16", "fp16", "fp32"]
-LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "sigmoid", "ipo"]
+GRPO_LOSS_TYPES = frozenset({"grpo", "dapo", "dr_grpo", "bnpo"})
+DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
@@ -137,8 +139,16 @@ class ImportanceSamplingSection(_Strict):
 
 class GenerationSection(_Strict):
     backend: Backend = Field(default="hf", description="`vllm_server`, `vllm_colocate` or `hf` (plain generate).")
+    hf_engine: Literal["auto", "static_cache", "generate"] = Field(
+        default="auto",
+        description="Engine of the `hf` backend: `static_cache` (preallocated KV cache, CUDA-graph decode; "
+        "unsharded weights only), `generate` (transformers' generate), `auto` (static_cache on CUDA with "
+        "unsharded weights, else generate).",
+    )
     max_completion_length: int = Field(default=256, ge=1, description="Max new tokens per completion.")
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(
+        default=1.0, gt=0, description="Sampling temperature; online_dpo uses 0.9 (TRL's OnlineDPOConfig) when unset."
+    )
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0, description="0 disables top-k.")
     min_p: float = Field(default=0.0, ge=0, le=1)
@@ -160,9 +170,17 @@ class TrainerConfig(_Strict):
     generation: GenerationSection = Field(default_factory=GenerationSection)
 
     # algorithm (TRL names)
-    num_generations: int | None = Field(default=None, ge=2, description="Completions per prompt (GRPO 8, RLOO 2).")
-    beta: float | None = Field(default=None, ge=0, description="KL coefficient (GRPO 0.0, RLOO 0.05).")
-    loss_type: LossType = Field(default="dapo", description="GRPO loss normalisation.")
+    num_generations: int | None = Field(
+        default=None, ge=2, description="Completions per prompt (GRPO 8, RLOO 2, online_dpo 2 and only 2)."
+    )
+    beta: float | None = Field(
+        default=None, ge=0,
+        description="KL coefficient (GRPO 0.0, RLOO 0.05); online_dpo: DPO's beta (0.1, must be > 0).",
+    )
+    loss_type: LossType = Field(
+        default="dapo",
+        description="GRPO loss normalisation (grpo, dapo, dr_grpo, bnpo); online_dpo: sigmoid (default when unset) or ipo.",
+    )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range.")
     epsilon_high: float | None = Field(default=None, gt=0, description="Upper clip range; defaults to epsilon.")
     scale_rewards: ScaleRewards = Field(default="group", description="Std scaling of GRPO advantages.")
@@ -173,7 +191,9 @@ class TrainerConfig(_Strict):
     mask_truncated_completions: bool = Field(default=False, description="Zero the loss of completions cut at max length.")
 
     # optimisation
-    learning_rate: float = Field(default=1e-6, gt=0)
+    learning_rate: float = Field(
+        default=1e-6, gt=0, description="AdamW learning rate; when unset: sft 2e-5, online_dpo 5e-7 (TRL's defaults)."
+    )
     lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(default="linear")
     warmup_steps: int = Field(default=0, ge=0)
     weight_decay: float = Field(default=0.0, ge=0)
@@ -181,10 +201,23 @@ class TrainerConfig(_Strict):
     adam_beta2: float = Field(default=0.999, gt=0, lt=1)
     adam_epsilon: float = Field(default=1e-8, gt=0)
     max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
-    per_device_train_batch_size: int = Field(default=8, ge=1, description="Completions per device per micro-batch.")
+    per_device_train_batch_size: int = Field(
+        default=8, ge=1,
+        description="Completions per device per micro-batch (online_dpo: even, 2 per prompt; sft: sequences).",
+    )
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run.")
+
+    # sft
+    max_length: int | None = Field(
+        default=1024, ge=2, description="sft: truncate each tokenized example to this many tokens (null: no limit)."
+    )
+    completion_only_loss: bool = Field(
+        default=True,
+        description="sft: loss only on the completion (prompt/completion rows) or the assistant turns (`messages` "
+        "rows); false trains on every token. `text` rows always train on every token.",
+    )
 
     # checkpoints and logs
     save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
@@ -199,7 +232,29 @@ class TrainerConfig(_Strict):
         if self.num_generations is None:
             self.num_generations = 2 if self.trainer in ("rloo", "online_dpo") else 8
         if self.beta is None:
-            self.beta = 0.05 if self.trainer == "rloo" else 0.0
+            self.beta = {"rloo": 0.05, "online_dpo": 0.1}.get(self.trainer, 0.0)
+        # TRL's per-trainer defaults, applied only where the user left the field unset (assignment marks the field
+        # as set, so a resolved config written back with to_yaml() reads back unchanged).
+        if "learning_rate" not in self.model_fields_set and self.trainer in ("sft", "online_dpo"):
+            self.learning_rate = 2e-5 if self.trainer == "sft" else 5e-7
+        if self.trainer == "online_dpo":
+            if "temperature" not in self.generation.model_fields_set:
+                self.generation.temperature = 0.9
+            if "loss_type" not in self.model_fields_set:
+                self.loss_type = "sigmoid"
+            if self.loss_type not in DPO_LOSS_TYPES:
+                raise ValueError(f"online_dpo: loss_type must be sigmoid or ipo, not {self.loss_type!r}")
+            if self.num_generations != 2:
+                raise ValueError("online_dpo compares 2 completions per prompt: num_generations must be 2 (or unset)")
+            if self.beta <= 0:
+                raise ValueError("online_dpo: beta must be > 0 (DPO's inverse temperature; TRL's default is 0.1)")
+            if self.per_device_train_batch_size % 2:
+                raise ValueError(
+                    "online_dpo: per_device_train_batch_size counts completions and must be even (2 per prompt, "
+                    "so a pair never spans micro-batches)"
+                )
+        elif self.loss_type in DPO_LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type} is for online_dpo; {self.trainer} takes grpo, dapo, dr_grpo or bnpo")
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         if self.steps_per_generation is None:

@@ -1,0 +1,116 @@
+"""Start-up cost of the CLI: `launchgen check` and `render` of a 64-node spec against `python -c pass`.
+
+    python benchmarks/cli_speed.py examples/SPEC.yaml [--runs 7] [--nodes 64]
+
+The spec is copied with its node counts edited so the job spans `--nodes` nodes: `train.nodes` becomes
+`nodes - vllm.nodes` (the dedicated server nodes stay as they are); a spec without a `train` section has every
+`nodes` field it holds set to `--nodes`. Each command runs `--runs` times in fresh processes, interleaved
+(baseline, check, render, baseline, ...) so drift hits all three; the table gives the medians and the ratios
+to the baseline (target <= 15x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _set_all_nodes(obj: Any, nodes: int) -> int:
+    hits = 0
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "nodes" and isinstance(v, int) and not isinstance(v, bool):
+                obj[k] = nodes
+                hits += 1
+            else:
+                hits += _set_all_nodes(v, nodes)
+    elif isinstance(obj, list):
+        for v in obj:
+            hits += _set_all_nodes(v, nodes)
+    return hits
+
+
+def scale_spec(src: Path, dst: Path, nodes: int) -> int:
+    """Write `src` with `nodes` nodes in total to `dst`; returns the trainer node count written."""
+    spec = yaml.safe_load(src.read_text())
+    if not isinstance(spec, dict):
+        raise SystemExit(f"{src}: expected a mapping at the top level")
+    train = spec.get("train")
+    if isinstance(train, dict):
+        vllm = spec.get("vllm") if isinstance(spec.get("vllm"), dict) else {}
+        server = int(vllm.get("nodes", 0) or 0) if isinstance(vllm, dict) else 0
+        if server >= nodes:
+            raise SystemExit(f"{src}: vllm.nodes ({server}) leaves no trainer node out of {nodes}")
+        train["nodes"] = nodes - server
+        written = nodes - server
+    elif _set_all_nodes(spec, nodes) == 0:
+        raise SystemExit(f"{src}: no `nodes` field to scale (expected train.nodes)")
+    else:
+        written = nodes
+    dst.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return written
+
+
+def time_cmd(argv: list[str]) -> float:
+    t = time.perf_counter()
+    r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"`{shlex.join(argv)}` exited {r.returncode}: {r.stderr.strip()[-400:]}")
+    return dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", type=Path, help="a launchgen spec (YAML), e.g. one from examples/")
+    p.add_argument("--runs", type=int, default=7, help="runs per command (median; >= 5)")
+    p.add_argument("--nodes", type=int, default=64)
+    # The console script beside this interpreter, not a version-manager shim (pyenv's adds ~100 ms of bash).
+    beside = Path(sys.executable).parent / "launchgen"
+    p.add_argument("--launchgen", default=str(beside) if beside.exists() else (shutil.which("launchgen") or "launchgen"),
+                   help="how to start the CLI (default: the console script installed beside this python)")
+    p.add_argument("--render-args", default="--force -o {out}",
+                   help="arguments after `render SPEC`; {out} is a script path in a temporary directory")
+    a = p.parse_args(argv)
+    if a.runs < 5:
+        p.error("--runs must be >= 5")
+
+    with tempfile.TemporaryDirectory(prefix="cli-speed-") as tmp:
+        spec = Path(tmp) / f"spec-{a.nodes}-nodes.yaml"
+        trainer_nodes = scale_spec(a.spec, spec, a.nodes)
+        out_dir = Path(tmp) / "job.sbatch"
+        lg = shlex.split(a.launchgen)
+        cmds = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "launchgen check": [*lg, "check", str(spec)],
+            "launchgen render": [*lg, "render", str(spec), *shlex.split(a.render_args.format(out=out_dir))],
+        }
+        for argv_ in cmds.values():  # warm the page cache and surface errors before timing
+            time_cmd(argv_)
+        times: dict[str, list[float]] = {k: [] for k in cmds}
+        for _ in range(a.runs):
+            for k, argv_ in cmds.items():
+                times[k].append(time_cmd(argv_))
+
+    base = statistics.median(times["python -c pass"])
+    print(f"spec: {a.spec} scaled to {a.nodes} nodes ({trainer_nodes} trainer); {a.runs} runs each, interleaved")
+    print("| command | median ms | min ms | max ms | x python -c pass |")
+    print("|---|---|---|---|---|")
+    for k, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| `{k}` | {1e3 * med:.1f} | {1e3 * min(ts):.1f} | {1e3 * max(ts):.1f} | {med / base:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""The `launchgen` command: one click group, one module per verb (`launchgen.cli.<verb>.command`).
+
+Verbs are imported on demand, so `launchgen check` never pays for what `render` or `plan` import, and a verb
+whose module is missing (status and logs arrive later) simply does not exist instead of breaking the CLI.
+Every verb runs under one error policy (`LaunchgenGroup.invoke`): user errors are one line each and exit 2,
+an unexpected exception is one line plus how to get the traceback, exit 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+import click
+
+from launchgen import __version__
+
+#: Verbs in help order. A verb is listed only when its module exists.
+VERBS = ("init", "check", "plan", "render", "schema", "status", "logs")
+
+HELP = """\
+launchgen: one YAML topology spec -> a validated plan -> an sbatch (or bash) script that runs a vLLM server
+and accelerate trainers together, and leaves nothing behind.
+
+\b
+Examples:
+  launchgen init topology.yaml --layout single-node-split   # a commented starter spec
+  launchgen check topology.yaml                              # every problem knowable before the queue
+  launchgen check topology.yaml --live                       # ... and against this cluster (sinfo, GPUs, versions)
+  launchgen plan topology.yaml                               # node x GPU map and port plan
+  launchgen render topology.yaml > job.sbatch && sbatch job.sbatch
+  launchgen render topology.yaml --bash -o job.sh            # one machine, no SLURM
+  launchgen schema --format markdown                         # the spec reference
+
+Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with --strict) or bad usage,
+1 an internal error. Set LAUNCHGEN_DEBUG=1 to see tracebacks.
+"""
+
+
+def _module_name(verb: str) -> str:
+    return f"launchgen.cli.{verb.replace('-', '_')}"
+
+
+def _verb_exists(verb: str) -> bool:
+    try:
+        return importlib.util.find_spec(_module_name(verb)) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class LaunchgenGroup(click.Group):
+    """Lazily imported verbs plus the CLI-wide error policy."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [v for v in VERBS if _verb_exists(v)] + sorted(self.commands)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        if cmd_name not in VERBS or not _verb_exists(cmd_name):
+            return None
+        module = importlib.import_module(_module_name(cmd_name))
+        command = getattr(module, "command", None)
+        return command if isinstance(command, click.Command) else None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:
+            # `launchgen schema | head`: the reader left; say nothing, and keep Python's exit flush quiet
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(0) from None
+        except KeyboardInterrupt:
+            click.echo("launchgen: interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
+        except Exception as exc:
+            from launchgen.issues import SpecError
+
+            if isinstance(exc, SpecError):
+                for issue in exc.issues:
+                    click.echo(issue.format(), err=True)
+                raise click.exceptions.Exit(2) from None
+            if os.environ.get("LAUNCHGEN_DEBUG"):
+                raise
+            if isinstance(exc, OSError):
+                name = f" {exc.filename}" if exc.filename else ""
+                click.echo(f"launchgen: error:{name}: {exc.strerror or exc}", err=True)
+                raise click.exceptions.Exit(2) from None
+            click.echo(f"launchgen: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo("launchgen: run with LAUNCHGEN_DEBUG=1 for the traceback", err=True)
+            raise click.exceptions.Exit(1) from None
+
+
+@click.group(cls=LaunchgenGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"],
+                                                              "max_content_width": 120})
+@click.version_option(__version__, "--version", prog_name="launchgen", message="%(prog)s %(version)s")
+def main() -> None:
+    pass
+
+

@@ -1,0 +1,57 @@
+"""`launchgen render SPEC [--bash] [-o FILE] [--force]`: the job script, self-contained."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from launchgen.cli.common import EXIT_SPEC_ERROR, load_and_check, print_issues, spec_argument, strict_option
+
+HELP = """\
+Render SPEC into a job script: an sbatch script (default) or, with --bash, a bash script for one machine with
+the same lifecycle (server, health wait, trainer, teardown, logs). The script is self-contained: the resolved
+spec, trainer config and accelerate config are embedded and written into the job directory when it starts.
+
+Runs the same checks as `launchgen check` first and refuses (exit 2) when there is an error. Only the script
+goes to stdout; warnings go to stderr.
+
+\b
+Examples:
+  launchgen render topology.yaml > job.sbatch && sbatch job.sbatch
+  launchgen render topology.yaml -o job.sbatch            # refuses to overwrite; add --force
+  launchgen render topology.yaml --bash -o job.sh && bash job.sh
+"""
+
+
+@click.command("render", help=HELP)
+@spec_argument
+@click.option("--bash", "bash_mode", is_flag=True, help="A bash script for one machine instead of sbatch.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Write the script to FILE (made executable) instead of stdout.")
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+@strict_option
+def command(spec: str, bash_mode: bool, output: str | None, force: bool, strict: bool) -> None:
+    from launchgen.plan import bash_issues
+    from launchgen.render import render_script
+
+    _loaded, plan = load_and_check(spec, strict=strict)
+    if bash_mode:
+        problems = bash_issues(plan)
+        if problems:
+            print_issues(problems)
+            raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+    text = render_script(plan, "bash" if bash_mode else "sbatch")
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    path = Path(output)
+    if path.exists() and not force:
+        click.echo(f"launchgen: {output} exists; pass --force to overwrite it", err=True)
+        raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+    tmp = path.with_name(f".{path.name}.launchgen-tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    click.echo(f"launchgen: wrote {output}", err=True)

@@ -1,0 +1,113 @@
+"""`launchgen status JOBID`: role-aware post-mortem (or live view) of a rendered job."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from launchgen.status import JobStatus, StatusError, collect
+
+
+def _ts(v: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(v)) if v is not None else ""
+
+
+def _rel(path: str | None, job_dir: str | None) -> str:
+    """Log paths relative to the job directory (printed above the tables), so the tables stay readable."""
+    if not path:
+        return ""
+    if job_dir and path.startswith(job_dir.rstrip("/") + "/"):
+        return path[len(job_dir.rstrip("/")) + 1 :]
+    return path
+
+
+def _print_rich(st: JobStatus) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    sch = st.scheduler
+    con.print(f"[bold]job {st.job_id}[/bold]" + (f" ({sch.job_name})" if sch and sch.job_name else ""))
+    con.print(st.summary)
+    if sch is not None:
+        bits = [f"state {sch.state}", f"exit {sch.exit_code}:{sch.exit_signal}"]
+        if sch.reason:
+            bits.append(f"reason {sch.reason}")
+        if sch.run_time:
+            bits.append(f"ran {sch.run_time} of {sch.time_limit}")
+        if sch.restarts is not None:
+            bits.append(f"restarts {sch.restarts}")
+        if sch.node_list:
+            bits.append(f"nodes {sch.node_list}")
+        con.print(f"scheduler ({sch.source}): " + ", ".join(bits))
+    con.print(f"accounting (sacct): {st.accounting}")
+    con.print(f"job dir: {st.job_dir or '(not found: pass --job-dir)'}")
+    if st.attempt is not None:
+        con.print(f"attempt: {st.attempt}" + (f" (attempts seen: {', '.join(map(str, st.attempts))})"
+                                               if len(st.attempts) > 1 else ""))
+    if st.last_health is not None:
+        h = st.last_health
+        con.print(f"last health check: {'ok' if h.ok else 'FAILED'} at {_ts(h.at)}"
+                  + (f" ({h.message})" if h.message else ""))
+
+    t = Table(title="roles (this attempt)")
+    for col in ("role", "nodes", "state", "how", "exit", "ended", "log"):
+        t.add_column(col, overflow="fold")
+    for r in st.roles:
+        first = " (first)" if st.first_to_end == r.role else ""
+        t.add_row(r.role + first, ", ".join(r.nodes), r.state, r.how,
+                  "" if r.exit_code is None else str(r.exit_code), _ts(r.ended_at), _rel(r.log, st.job_dir))
+    con.print(t)
+    if st.steps:
+        s = Table(title="steps (sacct)")
+        for col in ("step", "name", "role", "state", "exit", "end", "nodes"):
+            s.add_column(col)
+        for x in st.steps:
+            s.add_row(x.step_id, x.name, x.role or "", x.state, f"{x.exit_code}:{x.exit_signal}", x.end or "",
+                      x.node_list or "")
+        con.print(s)
+    if st.logs:
+        lt = Table(title="logs")
+        for col in ("attempt", "role", "node", "bytes", "path"):
+            lt.add_column(col, overflow="fold")
+        for lg in st.logs:
+            lt.add_row(str(lg.attempt), lg.role, lg.node, str(lg.size), _rel(lg.path, st.job_dir))
+        con.print(lt)
+    for n in st.notes:
+        con.print(f"note: {n}")
+    if st.failed_log:
+        con.print(f"[bold]last {len(st.failed_log_tail)} lines of {st.failed_log}[/bold]")
+        for line in st.failed_log_tail:
+            con.print(line, markup=False, highlight=False)
+
+
+@click.command("status")
+@click.argument("job_id")
+@click.option("--job-dir", type=click.Path(file_okay=False), default=None,
+              help="The job's output directory, when the scheduler no longer knows the job.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Lines of the failed role's log to show.")
+def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
+    """Which role ended first and how, the last health check, the attempt, every log.
+
+    Works while the job runs and after it ends. Examples:
+
+      launchgen status 1234
+
+      launchgen status 1234 --format json | jq .summary
+
+      launchgen status 1234 --job-dir launchgen-runs/1234
+    """
+    try:
+        st = collect(job_id, job_dir, lines)
+    except StatusError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if fmt == "json":
+        click.echo(json.dumps(st.to_dict(), indent=2))
+    else:
+        _print_rich(st)

@@ -1,0 +1,250 @@
+"""Version windows as data, and the functions that turn a set of versions into Issues.
+
+Everything here is a fact read from a release (see /work/shared/reference/vllm-server-protocol.md sections 1.3,
+3.5 and 7.2, and the seeds): which vLLM releases speak which generation of the weight-transfer protocol, which
+`kernels` releases a transformers release accepts, the oldest liger-kernel that works. `check` uses the versions a
+spec declares (`vllm.version`); `check --live` uses what `importlib.metadata` finds installed.
+
+Versions compare as `packaging.version.Version` release tuples with local tags (`+cu129`) dropped, the way TRL's
+own `is_vllm_available` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from launchgen.issues import Issue
+
+# --- vLLM -------------------------------------------------------------------------------------------------
+
+#: Oldest vLLM whose `vllm serve` has the native NCCL weight-transfer routes launchgen's client speaks.
+VLLM_MIN = "0.19.1"
+#: Newest vLLM release known to this table; newer ones are not known to break anything, only unchecked.
+VLLM_NEWEST_KNOWN = "0.34.0"
+#: The window the seeds (TRL's vLLM integration doc of that era) call supported.
+VLLM_SEEDS_WINDOW = ("0.19.1", "0.28.0")
+#: trl 1.16's `is_vllm_available` window (a warning inside TRL, information here).
+VLLM_TRL_116_WINDOW = ("0.22.0", "0.31.0")
+
+
+@dataclass(frozen=True)
+class VllmFeature:
+    since: str
+    name: str
+    what: str
+
+
+#: Protocol changes, oldest first. launchgen's client adapts to each; the table says what the job will use.
+VLLM_FEATURES: tuple[VllmFeature, ...] = (
+    VllmFeature("0.21.0", "weight_update_lifecycle",
+                "/start_weight_update and /finish_weight_update exist (before: /update_weights does both)"),
+    VllmFeature("0.26.0", "reset_prefix_cache_success",
+                "/reset_prefix_cache answers {\"success\": bool} (before: an empty 200)"),
+    VllmFeature("0.28.0", "packed_in_init_info",
+                "`packed` moved from the update info to the init info"),
+    VllmFeature("0.30.0", "enable_scale_out",
+                "`--enable-scale-out` exists (multimodal render/generate routes)"),
+)
+
+
+@dataclass(frozen=True)
+class VllmGeneration:
+    low: str  # inclusive
+    high: str | None  # exclusive; None = open
+    label: str
+
+
+#: Protocol generations as in reference section 1.3 / 3.5.
+VLLM_GENERATIONS: tuple[VllmGeneration, ...] = (
+    VllmGeneration("0.19.1", "0.21.0", "0.19.x: no start/finish weight-update lifecycle"),
+    VllmGeneration("0.21.0", "0.26.0", "0.21+: start/update/finish lifecycle"),
+    VllmGeneration("0.26.0", "0.28.0", "0.26+: lifecycle, reset_prefix_cache success flag"),
+    VllmGeneration("0.28.0", "0.30.0", "0.28+: packed flag in init_info"),
+    VllmGeneration("0.30.0", None, "0.30+: packed in init_info, --enable-scale-out"),
+)
+
+# --- transformers <-> kernels -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelsWindow:
+    transformers_low: str  # inclusive
+    transformers_high: str | None  # exclusive
+    kernels_min: str  # inclusive
+    kernels_max: str | None  # exclusive, as transformers' is_kernels_available compares
+
+
+#: transformers' KERNELS_MIN_VERSION / KERNELS_MAX_VERSION by release (outside the window transformers reports
+#: `kernels` as unavailable and every Hub-kernel attn_implementation fails to load).
+KERNELS_WINDOWS: tuple[KernelsWindow, ...] = (
+    KernelsWindow("5.12.0", "5.20.0", "0.10.2", None),
+    KernelsWindow("5.20.0", "5.23.0", "0.17.2", "0.18.0"),
+    KernelsWindow("5.23.0", None, "0.18.2", "0.19.0"),
+)
+#: Newest transformers release the windows were read from; above it the last window is assumed.
+TRANSFORMERS_NEWEST_KNOWN = "5.24.0"
+
+# --- liger-kernel -----------------------------------------------------------------------------------------
+
+#: trl[liger] pins >=0.8.2 from trl 1.12 on (0.8.0/0.8.1 had the bug behind TRL's hotfix #6516).
+LIGER_MIN = "0.8.2"
+
+#: Distributions `check --live` reports (dist name on PyPI).
+TRACKED_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "accelerate", "liger-kernel", "kernels")
+
+
+def parse_version(text: str) -> Version | None:
+    """`0.28.0+cu129` -> Version("0.28.0"); None for text that is not a PEP 440 version."""
+    try:
+        return Version(Version(text.strip()).base_version)
+    except InvalidVersion:
+        return None
+
+
+def _v(text: str) -> Version:
+    v = parse_version(text)
+    if v is None:  # pragma: no cover - the tables above are literals
+        raise ValueError(text)
+    return v
+
+
+def in_window(version: Version, low: str, high: str | None, *, high_inclusive: bool = False) -> bool:
+    if version < _v(low):
+        return False
+    if high is None:
+        return True
+    return version <= _v(high) if high_inclusive else version < _v(high)
+
+
+def vllm_generation(version: Version) -> VllmGeneration | None:
+    for gen in VLLM_GENERATIONS:
+        if in_window(version, gen.low, gen.high):
+            return gen
+    return None
+
+
+def vllm_has(version: Version, feature: str) -> bool:
+    for f in VLLM_FEATURES:
+        if f.name == feature:
+            return version >= _v(f.since)
+    raise KeyError(feature)
+
+
+def kernels_window(transformers: Version) -> KernelsWindow | None:
+    for w in KERNELS_WINDOWS:
+        if in_window(transformers, w.transformers_low, w.transformers_high):
+            return w
+    return None
+
+
+def flash_attn2_default_build(transformers: Version, torch: Version | None) -> int | None:
+    """The `v{N}` branch an unpinned `kernels-community/flash-attn2` resolves to (reference 7.2).
+
+    transformers 5.20 used v3; 5.22+ uses v4 with torch >= 2.10, else v3 (5.21 is assumed to behave like 5.20).
+    None when unknown (transformers older than the Hub-kernel loader, or torch unknown where it matters).
+    """
+    if transformers < _v("5.12.0"):
+        return None
+    if transformers < _v("5.22.0"):
+        return 3
+    if torch is None:
+        return None
+    return 4 if torch >= _v("2.10.0") else 3
+
+
+def vllm_version_issues(text: str, path: str, *, source: str) -> list[Issue]:
+    """Issues for one vLLM version (`source` says where it came from: 'the spec', 'installed')."""
+    v = parse_version(text)
+    if v is None:
+        return [Issue("LG701", path, f"vLLM version {text!r} ({source}) is not a version number",
+                      "Write it as MAJOR.MINOR.PATCH, e.g. 0.28.0.", "error")]
+    out: list[Issue] = []
+    if v < _v(VLLM_MIN):
+        out.append(Issue(
+            "LG701", path,
+            f"vLLM {v} ({source}) predates the native weight-transfer protocol (needs >= {VLLM_MIN})",
+            f"Use vLLM {VLLM_SEEDS_WINDOW[0]}..{VLLM_SEEDS_WINDOW[1]} (the seeds' supported window).", "error"))
+        return out
+    if v > _v(VLLM_NEWEST_KNOWN):
+        out.append(Issue(
+            "LG702", path,
+            f"vLLM {v} ({source}) is newer than the newest release launchgen knows ({VLLM_NEWEST_KNOWN}); "
+            "its dev routes are unchecked",
+            f"Prefer a release <= {VLLM_NEWEST_KNOWN}, or run a short job first.", "warning"))
+    if not in_window(v, *VLLM_SEEDS_WINDOW, high_inclusive=True):
+        out.append(Issue(
+            "LG703", path,
+            f"vLLM {v} ({source}) is outside the seeds' supported window "
+            f"{VLLM_SEEDS_WINDOW[0]}..{VLLM_SEEDS_WINDOW[1]}",
+            "Nothing to do if it works; pin inside the window for the documented setup.", "info"))
+    if not in_window(v, *VLLM_TRL_116_WINDOW, high_inclusive=True):
+        out.append(Issue(
+            "LG704", path,
+            f"vLLM {v} ({source}) is outside trl 1.16's window {VLLM_TRL_116_WINDOW[0]}..{VLLM_TRL_116_WINDOW[1]}",
+            "Only relevant if you also run TRL's own trainers against this server.", "info"))
+    gen = vllm_generation(v)
+    if gen is not None:
+        out.append(Issue("LG705", path, f"vLLM {v} ({source}) speaks protocol generation {gen.label}",
+                         "", "info"))
+    return out
+
+
+def kernels_issues(transformers: str | None, kernels: str | None, *, uses_hub_kernel: bool) -> list[Issue]:
+    """transformers <-> kernels window. An error only when the spec loads a Hub kernel; a warning otherwise."""
+    if transformers is None or kernels is None:
+        return []
+    tv, kv = parse_version(transformers), parse_version(kernels)
+    if tv is None or kv is None:
+        return []
+    window = kernels_window(tv)
+    if window is None:
+        return []
+    if in_window(kv, window.kernels_min, window.kernels_max):
+        return []
+    allowed = f">={window.kernels_min}" + (f",<{window.kernels_max}" if window.kernels_max else "")
+    return [Issue(
+        "LG707", "train.attn_implementation",
+        f"kernels {kv} is outside transformers {tv}'s window ({allowed}), so transformers treats Hub kernels "
+        "as unavailable" + (" and loading the attn_implementation fails" if uses_hub_kernel else ""),
+        f"Install a matching pair, e.g. `pip install 'kernels{allowed}'`.",
+        "error" if uses_hub_kernel else "warning")]
+
+
+def liger_issues(liger: str | None, *, enabled: bool) -> list[Issue]:
+    if not enabled:
+        return []
+    if liger is None:
+        return [Issue("LG709", "train.use_liger_kernel",
+                      "use_liger_kernel is on but liger-kernel is not installed here",
+                      f"`pip install 'liger-kernel>={LIGER_MIN}'` in the job's environment (launchgen[liger]).",
+                      "warning")]
+    v = parse_version(liger)
+    if v is not None and v < _v(LIGER_MIN):
+        return [Issue("LG708", "train.use_liger_kernel",
+                      f"liger-kernel {v} is older than {LIGER_MIN} (the 0.8.0/0.8.1 GRPO loss bug)",
+                      f"`pip install 'liger-kernel>={LIGER_MIN}'`.", "error")]
+    return []
+
+
+def installed_issues(versions: Mapping[str, str | None], *, uses_hub_kernel: bool, liger: bool,
+                     needs_vllm: bool) -> list[Issue]:
+    """Evaluate a set of installed versions (dist name -> version or None when absent) into Issues."""
+    out: list[Issue] = []
+    found = ", ".join(f"{k} {v}" for k, v in versions.items() if v) or "none"
+    missing = [k for k, v in versions.items() if not v]
+    out.append(Issue("LG706", "", f"installed here: {found}"
+                     + (f"; not installed: {', '.join(missing)}" if missing else ""),
+                     "", "info"))
+    vllm = versions.get("vllm")
+    if vllm:
+        out.extend(vllm_version_issues(vllm, "vllm.version", source="installed"))
+    elif needs_vllm:
+        out.append(Issue("LG706", "vllm", "vllm is not installed in this environment",
+                         "Fine on a login node; the nodes' environment (slurm.setup) must provide it.", "info"))
+    out.extend(kernels_issues(versions.get("transformers"), versions.get("kernels"),
+                              uses_hub_kernel=uses_hub_kernel))
+    out.extend(liger_issues(versions.get("liger-kernel"), enabled=liger))
+    return out

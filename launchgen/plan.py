@@ -1,0 +1,974 @@
+"""Spec -> Plan: the one place that decides nodes, GPUs, ports, hosts, env and commands.
+
+Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` read)
+-----------------------------------------------------------------------------------
+``build_plan(loaded: LoadedSpec) -> Plan``
+    Pure (no I/O, no clock, no environment). Raises ``SpecError`` carrying every ``Issue`` (codes LG9xx,
+    documented in docs/check-codes.md) for what cannot be resolved into a coherent plan:
+
+    - LG901 ``train.args.<field>``: the trainer arguments do not validate as a ``TrainerConfig``.
+    - LG902 ``train.args.<field>``: the arguments set a field the spec owns (model, precision, output_dir,
+      the vLLM server address/ports, the colocate engine); set it through the spec field named in the message.
+    - LG903 GPU layout: an index outside ``slurm.gpus_per_node``, a duplicate, server and trainer GPUs
+      overlapping on a shared node, no trainer GPU left, ``vllm.gpus`` missing where the server shares a node.
+    - LG904 parallel layout: TP x DP != server GPUs, a TP group that would span nodes, colocate TP not
+      dividing the trainer processes of a node, DP in colocate mode.
+    - LG905 environment: a variable launchgen sets itself (CUDA_VISIBLE_DEVICES, VLLM_SERVER_DEV_MODE,
+      VLLM_HOST_IP, LAUNCHGEN_*, LG_*) in ``slurm.env``.
+    - LG906 precision: ``train.bf16``/``train.fp16`` contradict each other or ``train.precision``.
+    - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
+    - LG908 ``train.device: cpu`` with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.
+    - LG910 ``job.output_dir`` containing a line break or another control character.
+    - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
+      runs on one machine.
+
+    Checks (LG1xx-LG8xx) should run first and call ``build_plan`` only when they found no error of their own,
+    so a user sees one message per mistake.
+
+Pure helpers for checks: ``resolve_precision(spec)``, ``resolve_gpus(spec) -> GpuAssignment``,
+``resolve_ports(spec) -> tuple[Port, ...]``, ``node_layout(spec)``, ``bash_issues(plan)``,
+``MAX_PORT_OFFSET`` (largest run-time shift of ``job.port_offset: job_id``).
+
+Run-time values
+---------------
+Some values are only known on the node at run time (node names, addresses, machine rank, ports shifted by
+the job id). The plan names them with ``Ref(var)``: a shell variable the rendered script sets in a fixed
+place (documented on ``RUNTIME_VARS``); everything else in the plan is literal and is shell-quoted when rendered.
+``EnvVar.literal=False`` values are shell expressions generated here (never spec text).
+
+What a job leaves in its directory (for `launchgen status`; paths in ``JobLayout``)
+--------------------------------------------------------------------------------
+``launchgen-plan.json`` (rewritten at the start of every attempt; a copy in ``logs/attempt-<N>/``):
+``Plan.to_json()`` plus, per node, ``name``; per port, ``value`` (base + offset); and ``scheduler``, ``job_id``,
+``attempt``, ``restart_count``, ``job_dir``, ``log_dir``, ``server_host``, ``port_offset_value``, ``pid_dir``,
+``complete_marker``, ``started_at`` and ``logs`` = {"server": {node: path}, "trainer": {node: path}, "events",
+"signal", "batch" (sbatch only)}. ``logs/attempt-<N>/events.log``: one ``<UTC time> <event> [key=value ...]``
+line per event, from: ``start``, ``server_start``, ``trainer_start``, ``server_healthy after=<s>s``,
+``server_failed exit=<rc>|health_timeout``, ``trainer_exit status=<rc>``, ``usr2``, ``signal TERM|INT``,
+``complete``, ``requeue restart=<n>``, ``requeue_cap``, ``exit status=<rc>``.
+Every trainer rank runs under ``python -m launchgen.rank`` (``accelerate launch -m launchgen.rank
+launchgen.trainers.<name> ...``), which writes ``$LAUNCHGEN_PID_DIR/$LAUNCHGEN_NODE_NAME/rank<RANK>.pid`` (the
+trainer's PID) and ``rank<RANK>.exit`` (its exit status). USR2 reaches the trainers through the pid files
+(``steps/signal.sh``), never through ``accelerate launch``, which runs with USR2 ignored; the trainer step exits
+with the trainer's own status from the exit files, since ``accelerate launch`` reports any failure as 1.
+
+Node positions: trainer nodes are positions ``0..train.nodes-1``; dedicated server nodes follow. A server that
+shares a node (``vllm.nodes: 0``) runs on position 0 with ``vllm.gpus``. GPU indices are positions in the list
+of GPUs SLURM gives each step on that node (its ``CUDA_VISIBLE_DEVICES``), so UUID/non-contiguous allocations
+work; under ``--bash`` they index the inherited ``CUDA_VISIBLE_DEVICES`` or, when unset, the devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError
+
+from launchgen import __version__
+from launchgen.issues import Issue, SpecError
+from launchgen.loader import LoadedSpec, issues_from_validation
+from launchgen.spec import Spec
+from launchgen.trainers.config import TrainerConfig
+
+Role = Literal["server", "trainer"]
+Scheduler = Literal["sbatch", "bash"]
+
+#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time; checks keep base + this within range.
+MAX_PORT_OFFSET = 999 * 10
+#: Seconds between TERM and KILL when one side is stopped.
+STOP_GRACE_S = 30
+#: Timeout of one /health request of the supervisor.
+HEALTH_REQUEST_TIMEOUT_S = 5
+#: The trainer's own /health wait is longer than vllm.health_timeout by this much, so that the supervisor, which
+#: names the server's log, is the one that reports a server that never became healthy.
+HEALTH_CLIENT_MARGIN_S = 60
+#: Seconds between two supervisor polls.
+POLL_INTERVAL_S = 1
+#: Exit status of the job when the server fails (dies, or never becomes healthy) before the trainer ends.
+EXIT_SERVER_FAILED = 1
+#: File the trainer writes into its output_dir when training has finished (no requeue after it).
+COMPLETE_MARKER = "launchgen-complete.json"
+
+#: Variables the rendered scripts set; a Ref names one of these.
+RUNTIME_VARS: dict[str, str] = {
+    "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
+    "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
+    "LG_NODE": "this node's name (SLURMD_NODENAME; `local` under --bash) [step]",
+    "LG_NODE_ADDR": "this node's cluster address (getent ahostsv4; 127.0.0.1 under --bash) [step]",
+    "LG_MACHINE_RANK": "index of this node among the trainer nodes [trainer step]",
+    "LG_SERVER_HOST": "address trainers and the supervisor use to reach the server",
+    "LG_SERVER_HOST_YAML": "LG_SERVER_HOST as a YAML single-quoted scalar [trainer step]",
+    "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
+    "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
+    "LG_SERVER_PORT": "vllm.port + offset",
+    "LG_GROUP_PORT": "vllm.group_port + offset",
+    "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
+    "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
+    "LG_DP_RPC_PORT": "vllm.dp_rpc_port + offset",
+    "LG_MAIN_PROCESS_IP": "name of trainer node 0 (127.0.0.1 under --bash)",
+    "LG_ACCELERATE_CONFIG": "$LG_JOB_DIR/accelerate.yaml",
+    "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
+    "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
+}
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A run-time value: the shell variable `var` (see RUNTIME_VARS), optionally after a literal prefix."""
+
+    var: str
+    prefix: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.prefix}${{{self.var}}}"
+
+
+Word = str | Ref
+Argv = tuple[Word, ...]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    #: False: `value` is a shell expression generated by launchgen (never spec text), rendered unquoted.
+    literal: bool = True
+    #: where it comes from: "launchgen" or the spec path (e.g. "slurm.env.trainer")
+    source: str = "launchgen"
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    gpu: int  # position among the node's GPUs
+    role: Role
+    local_rank: int  # trainer: LOCAL_RANK; server: index among this node's server GPUs
+    global_rank: int  # trainer: RANK; server: vLLM worker index over all server GPUs
+    tp_rank: int | None = None  # server: TP rank; colocate: rank in the in-process vLLM TP group
+    dp_rank: int | None = None  # server: DP replica; colocate: vLLM TP group index
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    position: int
+    roles: tuple[Role, ...]
+    server_gpus: tuple[int, ...]
+    trainer_gpus: tuple[int, ...]
+    machine_rank: int | None  # trainer machine rank
+    server_rank: int | None  # index among server nodes (0 = leader, runs the API server)
+    slots: tuple[GpuSlot, ...]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.roles) > 1
+
+
+@dataclass(frozen=True)
+class Port:
+    name: Literal["server_http", "group", "main_process", "colocate_master", "dp_rpc"]
+    base: int
+    var: str  # run-time variable holding base + offset
+    host_position: int  # node position that binds it
+    bound_by: str
+    reached_by: str
+    spec_path: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An address one side must reach: `who` connects to node `position`'s `port` (a Port.name)."""
+
+    who: str
+    position: int
+    port: str
+    host: Word
+    why: str
+
+
+@dataclass(frozen=True)
+class GpuAssignment:
+    """GPU positions per role, before TP layout (what `resolve_gpus` returns to checks)."""
+
+    trainer_positions: tuple[int, ...]
+    server_positions: tuple[int, ...]
+    trainer_gpus: tuple[int, ...]  # on every trainer node
+    server_gpus: tuple[int, ...]  # on every server node
+    shared_position: int | None  # the node both use, if any
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    position: int
+    server_rank: int
+    argv: Argv
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    positions: tuple[int, ...]  # leader first
+    gpus: tuple[int, ...]  # positions on each server node
+    tensor_parallel_size: int
+    data_parallel_size: int
+    data_parallel_size_local: int
+    multi_node_dp: bool
+    bind: str  # "node", "0.0.0.0" or an address
+    commands: tuple[ServerCommand, ...]
+    env: tuple[EnvVar, ...]
+    health_path: str
+    health_timeout: int
+    executable: str
+
+
+@dataclass(frozen=True)
+class Override:
+    key: str
+    value: Word
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    positions: tuple[int, ...]
+    gpus: tuple[int, ...]
+    device: Literal["cuda", "cpu"]
+    num_machines: int
+    processes_per_node: int
+    num_processes: int
+    backend: str
+    module: str
+    argv: Argv
+    env: tuple[EnvVar, ...]
+    unset_env: tuple[str, ...]
+    overrides: tuple[Override, ...]
+    accelerate_config: dict[str, Any]
+    accelerate_config_yaml: str
+    config: TrainerConfig
+    config_yaml: str
+    colocate: bool
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """Paths relative to the job directory ($LG_JOB_DIR); `{attempt}`, `{node}` filled at run time."""
+
+    output_dir: str  # job.output_dir as written (with %j)
+    spec: str = "spec.yaml"
+    script_sbatch: str = "job.sbatch"
+    script_bash: str = "job.sh"
+    trainer_config: str = "trainer.yaml"
+    accelerate_config: str = "accelerate.yaml"
+    plan_json: str = "launchgen-plan.json"
+    plan_static_json: str = "launchgen-plan.static.json"
+    steps_dir: str = "steps"
+    log_dir: str = "logs/attempt-{attempt}"
+    server_log: str = "logs/attempt-{attempt}/server-{node}.log"
+    trainer_log: str = "logs/attempt-{attempt}/trainer-{node}.log"
+    signal_log: str = "logs/attempt-{attempt}/signal.log"
+    events_log: str = "logs/attempt-{attempt}/events.log"
+    pid_dir: str = "run/attempt-{attempt}/pids"
+    trainer_output_dir: str = "trainer"
+    complete_marker: str = "trainer/" + COMPLETE_MARKER
+    batch_log: str = ""  # relative to the submit dir (sbatch --output), filled by build_plan
+
+
+@dataclass(frozen=True)
+class SlurmPlan:
+    directives: tuple[str, ...]  # text after `#SBATCH `
+    setup: tuple[str, ...]
+    signal_grace: int
+    max_restarts: int
+    requeue: bool
+    cpus_per_task: int | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    version: str
+    source: str  # the spec path the user gave (for the regenerate line)
+    spec: Spec
+    spec_yaml: str  # canonical resolved spec
+    spec_hash: str  # sha256 of the canonical JSON of the resolved spec
+    job_name: str
+    num_nodes: int
+    gpus_per_node: int
+    device: Literal["cuda", "cpu"]
+    nodes: tuple[NodePlan, ...]
+    ports: tuple[Port, ...]
+    port_offset: bool
+    endpoints: tuple[Endpoint, ...]
+    server: ServerPlan | None
+    trainer: TrainerPlan
+    layout: JobLayout
+    slurm: SlurmPlan
+    vllm_mode: Literal["server", "colocate", "none"]
+    stop_grace: int = STOP_GRACE_S
+    #: after USR2, a trainer still running this long (half the signal grace: e.g. USR2 came while it was still
+    #: loading and had no pid file yet) is stopped with TERM, so the job can still requeue before the limit
+    usr2_stop_after: int = 0
+    health_request_timeout: int = HEALTH_REQUEST_TIMEOUT_S
+    poll_interval: int = POLL_INTERVAL_S
+    exit_server_failed: int = EXIT_SERVER_FAILED
+    warnings: tuple[Issue, ...] = field(default_factory=tuple)
+
+    def node(self, position: int) -> NodePlan:
+        return self.nodes[position]
+
+    def port(self, name: str) -> Port | None:
+        return next((p for p in self.ports if p.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The static part of launchgen-plan.json (the script adds names, effective ports, attempt)."""
+        return {
+            "launchgen_version": self.version,
+            "spec_hash": self.spec_hash,
+            "job_name": self.job_name,
+            "vllm_mode": self.vllm_mode,
+            "num_nodes": self.num_nodes,
+            "nodes": [
+                {
+                    "position": n.position,
+                    "roles": list(n.roles),
+                    "server_gpus": list(n.server_gpus),
+                    "trainer_gpus": list(n.trainer_gpus),
+                    "machine_rank": n.machine_rank,
+                    "server_rank": n.server_rank,
+                }
+                for n in self.nodes
+            ],
+            "ports": [
+                {"name": p.name, "base": p.base, "var": p.var, "host_position": p.host_position,
+                 "spec_path": p.spec_path}
+                for p in self.ports
+            ],
+            "port_offset": "job_id" if self.port_offset else "none",
+            "server": None if self.server is None else {
+                "positions": list(self.server.positions),
+                "tensor_parallel_size": self.server.tensor_parallel_size,
+                "data_parallel_size": self.server.data_parallel_size,
+                "health_path": self.server.health_path,
+                "health_timeout": self.server.health_timeout,
+                "argv": [[str(w) for w in c.argv] for c in self.server.commands],
+            },
+            "trainer": {
+                "positions": list(self.trainer.positions),
+                "num_processes": self.trainer.num_processes,
+                "backend": self.trainer.backend,
+                "module": self.trainer.module,
+                "argv": [str(w) for w in self.trainer.argv],
+            },
+            "layout": {
+                k: getattr(self.layout, k)
+                for k in ("output_dir", "spec", "trainer_config", "accelerate_config", "server_log",
+                          "trainer_log", "signal_log", "events_log", "pid_dir", "trainer_output_dir",
+                          "complete_marker", "batch_log")
+            },
+            "signal_grace": self.slurm.signal_grace,
+            "max_restarts": self.slurm.max_restarts,
+            "exit_server_failed": self.exit_server_failed,
+        }
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+def _err(code: str, path: str, message: str, fix: str, loaded: LoadedSpec | None) -> Issue:
+    line = loaded.line_of(path) if loaded is not None else None
+    return Issue(code, path, message, fix, "error", line, loaded.path if loaded is not None else None)
+
+
+def spec_canonical_json(spec: Spec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def spec_hash(spec: Spec) -> str:
+    return hashlib.sha256(spec_canonical_json(spec).encode()).hexdigest()
+
+
+def resolve_precision(spec: Spec) -> str:
+    """train.precision, reconciled with the TRL-style bf16/fp16 aliases; raises SpecError (LG906)."""
+    t = spec.train
+    explicit = "precision" in t.model_fields_set
+    if t.bf16 and t.fp16:
+        raise SpecError([Issue("LG906", "train.fp16", "train.bf16 and train.fp16 are both true",
+                               "Keep one: set `train.precision` to bf16 or fp16 and drop the aliases.")])
+    wanted: str | None = None
+    if t.fp16:
+        wanted = "fp16"
+    elif t.bf16:
+        wanted = "bf16"
+    elif t.bf16 is False and t.fp16 is not True:
+        wanted = "fp32" if not explicit else None
+    if wanted is None:
+        return t.precision
+    if explicit and t.precision != wanted:
+        alias = "train.fp16" if t.fp16 else "train.bf16"
+        raise SpecError([Issue("LG906", alias, f"{alias} contradicts train.precision: {t.precision}",
+                               "Drop the alias and keep `train.precision`.")])
+    return wanted
+
+
+def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(trainer node positions, server node positions); a shared server is on trainer position 0."""
+    trainers = tuple(range(spec.train.nodes))
+    v = spec.vllm
+    if v is None or v.mode != "server":
+        return trainers, ()
+    if v.nodes == 0:
+        return trainers, (0,)
+    return trainers, tuple(range(spec.train.nodes, spec.train.nodes + v.nodes))
+
+
+def resolve_gpus(spec: Spec) -> GpuAssignment:
+    """GPU positions per role; raises SpecError (LG903/LG908) when they cannot be laid out."""
+    g = spec.slurm.gpus_per_node
+    t, v = spec.train, spec.vllm
+    trainer_pos, server_pos = node_layout(spec)
+    issues: list[Issue] = []
+    if t.device == "cpu":
+        if v is not None and v.mode == "colocate":
+            issues.append(Issue("LG908", "vllm", "train.device: cpu cannot run vLLM in-process (colocate needs GPUs)",
+                                "Use `vllm.mode: server`, remove the `vllm` section, or set `train.device: cuda`."))
+        if t.gpus is not None:
+            issues.append(Issue("LG908", "train.gpus", "train.device: cpu uses no GPUs",
+                                "Remove `train.gpus`, or set `train.device: cuda`."))
+        if issues:
+            raise SpecError(issues)
+        if v is None or v.mode != "server":
+            return GpuAssignment(trainer_pos, (), (), (), None)
+        # A CPU trainer beside a vLLM server (weights over gloo: LAUNCHGEN_WEIGHT_TRANSPORT=gloo): the server
+        # keeps its GPUs. This is how the SLURM tests run the real trainer with the `vllm serve` stand-in.
+        cpu_shared = v.nodes == 0
+        if v.gpus is not None:
+            cpu_server_gpus = tuple(v.gpus)
+        elif cpu_shared:
+            raise SpecError([Issue("LG903", "vllm.gpus", "the server shares trainer node 0 (vllm.nodes: 0) but no "
+                                   "GPUs are given for it", "Set `vllm.gpus` (e.g. [0, 1, 2, 3]).")])
+        else:
+            cpu_server_gpus = tuple(range(g))
+        bad = sorted({i for i in cpu_server_gpus if i >= g})
+        if bad:
+            raise SpecError([Issue("LG903", "vllm.gpus", f"GPU indices {bad} do not exist on a node with "
+                                   f"slurm.gpus_per_node: {g} (indices are 0..{g - 1})",
+                                   "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node.")])
+        return GpuAssignment(trainer_pos, server_pos, (), cpu_server_gpus, 0 if cpu_shared else None)
+
+    shared = v is not None and v.mode == "server" and v.nodes == 0
+    server_gpus: tuple[int, ...] = ()
+    if v is not None and v.mode == "server":
+        if v.gpus is not None:
+            server_gpus = tuple(v.gpus)
+        elif shared:
+            issues.append(Issue("LG903", "vllm.gpus",
+                                "the server shares trainer node 0 (vllm.nodes: 0) but no GPUs are given for it",
+                                "Set `vllm.gpus` (e.g. [0, 1, 2, 3]), or give the server its own nodes with `vllm.nodes`."))
+        else:
+            server_gpus = tuple(range(g))
+    if v is not None and v.mode == "colocate" and v.gpus is not None:
+        issues.append(Issue("LG903", "vllm.gpus", "colocate mode runs vLLM on the trainer's own GPUs",
+                            "Remove `vllm.gpus` (colocate uses `train.gpus`)."))
+    if t.gpus is not None:
+        trainer_gpus = tuple(t.gpus)
+    elif shared:
+        trainer_gpus = tuple(i for i in range(g) if i not in server_gpus)
+    else:
+        trainer_gpus = tuple(range(g))
+
+    for path, gpus in (("vllm.gpus", server_gpus), ("train.gpus", trainer_gpus)):
+        bad = sorted({i for i in gpus if i >= g})
+        if bad:
+            issues.append(Issue("LG903", path, f"GPU indices {bad} do not exist on a node with "
+                                f"slurm.gpus_per_node: {g} (indices are 0..{g - 1})",
+                                "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node."))
+        dup = sorted({i for i in gpus if gpus.count(i) > 1})
+        if dup:
+            issues.append(Issue("LG903", path, f"GPU indices {dup} are listed more than once",
+                                "List each GPU once."))
+    if shared:
+        both = sorted(set(server_gpus) & set(trainer_gpus))
+        if both:
+            issues.append(Issue("LG903", "train.gpus", f"GPUs {both} of node 0 are given to both the server "
+                                "and the trainer (NCCL fails on a shared device)",
+                                "Make vllm.gpus and train.gpus disjoint, or use `vllm.mode: colocate`."))
+    if not trainer_gpus:
+        issues.append(Issue("LG903", "train.gpus", "no GPU is left for the trainer",
+                            "Give the trainer GPUs with `train.gpus`, or move the server to its own node "
+                            "(`vllm.nodes: 1`)."))
+    if v is not None and v.mode == "server" and not server_gpus and not any(i.path == "vllm.gpus" for i in issues):
+        issues.append(Issue("LG903", "vllm.gpus", "the server has no GPUs", "List the server's GPUs in `vllm.gpus`."))
+    if issues:
+        raise SpecError(issues)
+    return GpuAssignment(trainer_pos, server_pos, trainer_gpus, server_gpus, 0 if shared else None)
+
+
+def resolve_ports(spec: Spec) -> tuple[Port, ...]:
+    """Every port with the node position that binds it (base values; the offset is added at run time)."""
+    t, v = spec.train, spec.vllm
+    _, server_pos = node_layout(spec)
+    ports: list[Port] = [
+        Port("main_process", t.main_process_port, "LG_MAIN_PROCESS_PORT", 0, "trainer rank 0 (torch rendezvous)",
+             "every trainer process", "train.main_process_port"),
+    ]
+    if v is not None and v.mode == "server":
+        leader = server_pos[0]
+        ports.append(Port("server_http", v.port, "LG_SERVER_PORT", leader, "vllm serve (HTTP API)",
+                          "trainer rank 0 and the supervisor", "vllm.port"))
+        ports.append(Port("group", v.group_port, "LG_GROUP_PORT", 0,
+                          "trainer rank 0 (NCCL weight-transfer rendezvous)", "every server worker",
+                          "vllm.group_port"))
+        if v.nodes > 1 and v.data_parallel_size > 1:
+            ports.append(Port("dp_rpc", v.dp_rpc_port, "LG_DP_RPC_PORT", leader, "vllm serve (DP coordinator)",
+                              "headless server nodes", "vllm.dp_rpc_port"))
+    if v is not None and v.mode == "colocate":
+        ports.append(Port("colocate_master", t.colocate_master_port, "LG_COLOCATE_MASTER_PORT", 0,
+                          "trainer rank 0 (vLLM external launcher)", "every trainer process",
+                          "train.colocate_master_port"))
+    return tuple(ports)
+
+
+_OWNED_TOP = {
+    "trainer": "train.trainer",
+    "output_dir": "job.output_dir",
+    "precision": "train.precision",
+    "model": "model.* and train.attn_implementation / use_liger_kernel / gradient_checkpointing",
+}
+_OWNED_GENERATION = {
+    "backend": "vllm.mode (or no `vllm` section for plain generate)",
+}
+_OWNED_SERVER = {
+    "host": "vllm.bind / the allocation", "port": "vllm.port", "base_url": "vllm.port / vllm.bind",
+    "group_port": "vllm.group_port", "group_host": "the allocation (VLLM_HOST_IP)",
+    "health_timeout": "vllm.health_timeout",
+}
+_OWNED_COLOCATE = {
+    "tensor_parallel_size": "vllm.tensor_parallel_size",
+    "gpu_memory_utilization": "vllm.gpu_memory_utilization",
+    "max_model_len": "vllm.max_model_len",
+    "enable_sleep_mode": "vllm.enable_sleep_mode",
+}
+
+RESERVED_ENV_PREFIXES = ("LAUNCHGEN_", "LG_")
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP"})
+
+
+def _owned_issues(args: dict[str, Any], loaded: LoadedSpec | None) -> list[Issue]:
+    issues = []
+
+    def owned(path: str, by: str) -> None:
+        issues.append(_err("LG902", f"train.args.{path}", f"`{path}` is set by launchgen from {by}",
+                           f"Remove `train.args.{path}` and set {by} instead.", loaded))
+
+    for k, by in _OWNED_TOP.items():
+        if k in args:
+            owned(k, by)
+    gen = args.get("generation")
+    if isinstance(gen, dict):
+        for k, by in _OWNED_GENERATION.items():
+            if k in gen:
+                owned(f"generation.{k}", by)
+        for section, table in (("vllm_server", _OWNED_SERVER), ("vllm_colocate", _OWNED_COLOCATE)):
+            sub = gen.get(section)
+            if isinstance(sub, dict):
+                for k, by in table.items():
+                    if k in sub:
+                        owned(f"generation.{section}.{k}", by)
+    return issues
+
+
+def build_trainer_config(spec: Spec, precision: str, output_dir: str,
+                         loaded: LoadedSpec | None = None) -> TrainerConfig:
+    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901/LG902)."""
+    import copy
+
+    args = copy.deepcopy(spec.train.args)
+    issues = _owned_issues(args, loaded)
+    if issues:
+        raise SpecError(issues)
+    v, t, m = spec.vllm, spec.train, spec.model
+    data: dict[str, Any] = {
+        "trainer": t.trainer,
+        "output_dir": output_dir,
+        "precision": precision,
+        "model": {
+            "name_or_path": m.name_or_path,
+            "revision": m.revision,
+            "trust_remote_code": m.trust_remote_code,
+            "dtype": m.dtype,
+            "attn_implementation": t.attn_implementation,
+            "use_liger_kernel": t.use_liger_kernel,
+            "gradient_checkpointing": t.gradient_checkpointing,
+        },
+    }
+    data.update(args)
+    gen = data.setdefault("generation", {})
+    if not isinstance(gen, dict):
+        raise SpecError([_err("LG901", "train.args.generation", "must be a mapping",
+                              "Write `generation:` as a mapping of generation settings.", loaded)])
+    if v is None:
+        gen["backend"] = "hf"
+    elif v.mode == "server":
+        gen["backend"] = "vllm_server"
+        srv = gen.setdefault("vllm_server", {})
+        if isinstance(srv, dict):
+            # host and the ports are replaced at run time (--set); these are the base values
+            srv.update({"port": v.port, "group_port": v.group_port,
+                        "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
+    else:
+        gen["backend"] = "vllm_colocate"
+        col = gen.setdefault("vllm_colocate", {})
+        if isinstance(col, dict):
+            col.update({
+                "tensor_parallel_size": v.tensor_parallel_size,
+                "gpu_memory_utilization": v.gpu_memory_utilization if "gpu_memory_utilization"
+                in v.model_fields_set else 0.3,
+                "max_model_len": v.max_model_len,
+                "enable_sleep_mode": v.enable_sleep_mode,
+            })
+    try:
+        return TrainerConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = loaded.lines if loaded is not None else {}
+        file = loaded.path if loaded is not None else None
+        found = issues_from_validation(exc, lines, file, prefix=("train", "args"))
+        raise SpecError([Issue("LG901", i.path, i.message,
+                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig).",
+                               "error", i.line, i.file) for i in found]) from None
+
+
+def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
+                      device: str) -> dict[str, Any]:
+    """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI)."""
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": mixed,
+        "num_machines": num_machines,
+        "num_processes": num_processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": device == "cpu",
+    }
+    if device == "cpu":
+        cfg["distributed_type"] = "MULTI_CPU" if num_processes > 1 else "NO"
+        return cfg
+    cfg["gpu_ids"] = "all"
+    if backend == "ddp":
+        cfg["distributed_type"] = "MULTI_GPU" if num_processes > 1 else "NO"
+    elif backend == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": False,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+    else:
+        stage = 3 if backend == "deepspeed_zero3" else 2
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["deepspeed_config"] = {
+            "deepspeed_multinode_launcher": "standard",
+            "offload_optimizer_device": "none",
+            "offload_param_device": "none",
+            "zero3_init_flag": stage == 3,
+            "zero3_save_16bit_model": stage == 3,
+            "zero_stage": stage,
+        }
+    return cfg
+
+
+def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
+    s = spec.slurm
+    issues = []
+    for path, val in (("slurm.partition", s.partition), ("slurm.account", s.account), ("slurm.qos", s.qos),
+                      ("slurm.gpu_type", s.gpu_type), ("slurm.mem", s.mem)):
+        if val is not None and (not val or any(c.isspace() for c in val)):
+            issues.append(_err("LG907", path, f"{val!r} is not a valid sbatch value (empty or whitespace)",
+                               "Use the name without spaces or line breaks.", loaded))
+    if any(not c.isprintable() for c in spec.job.output_dir) or not spec.job.output_dir.strip():
+        issues.append(_err("LG910", "job.output_dir", "the job directory is empty or contains a line break or "
+                           "another control character", "Use a plain path (the trainer receives it verbatim).",
+                           loaded))
+    return issues
+
+
+def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str, ...]:
+    s = spec.slurm
+    d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
+    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"):
+        g = s.gpus_per_node
+        if s.gpu_request == "gres":
+            d.append(f"--gres=gpu:{s.gpu_type}:{g}" if s.gpu_type else f"--gres=gpu:{g}")
+        else:
+            d.append(f"--gpus-per-node={s.gpu_type}:{g}" if s.gpu_type else f"--gpus-per-node={g}")
+    if s.cpus_per_task is not None:
+        d.append(f"--cpus-per-task={s.cpus_per_task}")
+    if s.mem is not None:
+        d.append(f"--mem={s.mem}")
+    d.append(f"--time={s.time}")
+    for opt, val in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
+        if val is not None:
+            d.append(f"--{opt}={val}")
+    if s.exclusive:
+        d.append("--exclusive")
+    d.append(f"--output={batch_log}")
+    d.append("--open-mode=append")
+    if s.signal_grace > 0:
+        d.append(f"--signal=B:USR2@{s.signal_grace}")
+    d.append("--requeue" if s.max_restarts > 0 else "--no-requeue")
+    d.extend(x.strip() for x in s.extra_directives)
+    return tuple(d)
+
+
+def _env_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
+    issues = []
+    for role in ("all", "server", "trainer"):
+        for name in getattr(spec.slurm.env, role):
+            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+                issues.append(_err("LG905", f"slurm.env.{role}.{name}",
+                                   f"{name} is set by launchgen from the plan",
+                                   "Remove it; GPU lists, dev mode and addresses come from the spec's "
+                                   "vllm/train sections.", loaded))
+    return issues
+
+
+def _user_env(spec: Spec, role: Role) -> list[EnvVar]:
+    env = [EnvVar(k, v, True, "slurm.env.all") for k, v in spec.slurm.env.all.items()]
+    env += [EnvVar(k, v, True, f"slurm.env.{role}") for k, v in getattr(spec.slurm.env, role).items()]
+    return env
+
+
+def _select_gpus_expr(gpus: tuple[int, ...]) -> str:
+    return '"$(lg_select_gpus ' + " ".join(str(i) for i in gpus) + ')"'
+
+
+# --------------------------------------------------------------------------------------------------- build
+
+def build_plan(loaded: LoadedSpec) -> Plan:
+    spec = loaded.spec
+    issues: list[Issue] = []
+
+    def collect(fn: Any, *a: Any) -> Any:
+        try:
+            return fn(*a)
+        except SpecError as e:
+            issues.extend(i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
+                          for i in e.issues)
+            return None
+
+    precision = collect(resolve_precision, spec)
+    gpus: GpuAssignment | None = collect(resolve_gpus, spec)
+    issues.extend(_env_issues(spec, loaded))
+    trainer_output_pattern = spec.job.output_dir.rstrip("/") + "/trainer"
+    config = collect(build_trainer_config, spec, precision or "bf16", trainer_output_pattern, loaded)
+    batch_log = f"{spec.job.name}-%j.out"
+    issues.extend(_directive_issues(spec, loaded))
+    if gpus is None or precision is None or config is None or issues:
+        raise SpecError(issues)
+
+    v, t = spec.vllm, spec.train
+    mode: Literal["server", "colocate", "none"] = "none" if v is None else v.mode
+    trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
+    num_nodes = max([*trainer_pos, *server_pos]) + 1
+    directives = _sbatch_directives(spec, num_nodes, batch_log)
+
+    # ---- trainer processes
+    ppn = 1 if t.device == "cpu" else len(gpus.trainer_gpus)
+    num_machines = len(trainer_pos)
+    num_processes = ppn * num_machines
+
+    # ---- parallel layout
+    tp = v.tensor_parallel_size if v is not None else 1
+    dp = v.data_parallel_size if v is not None else 1
+    dp_local = dp
+    if v is not None and v.mode == "server":
+        per_node = len(gpus.server_gpus)
+        total = per_node * len(server_pos)
+        if tp * dp != total:
+            issues.append(_err("LG904", "vllm.tensor_parallel_size",
+                               f"tensor_parallel_size {tp} x data_parallel_size {dp} = {tp * dp}, but the server "
+                               f"has {total} GPUs ({len(server_pos)} node(s) x {per_node})",
+                               "Make TP x DP equal the server's GPUs (vllm.gpus per node x server nodes).",
+                               loaded))
+        elif per_node % tp != 0:
+            issues.append(_err("LG904", "vllm.tensor_parallel_size",
+                               f"a TP group of {tp} GPUs would span server nodes with {per_node} server GPUs each",
+                               "Use a tensor_parallel_size that divides the server GPUs of one node "
+                               "(multi-node TP is not supported).", loaded))
+        else:
+            dp_local = per_node // tp
+    elif v is not None and v.mode == "colocate":
+        if dp != 1:
+            issues.append(_err("LG904", "vllm.data_parallel_size", "colocate mode has no data-parallel server",
+                               "Remove vllm.data_parallel_size (each trainer rank generates for itself).", loaded))
+        if ppn % tp != 0:
+            issues.append(_err("LG904", "vllm.tensor_parallel_size",
+                               f"colocate tensor_parallel_size {tp} does not divide the {ppn} trainer processes "
+                               "of a node", "Use a TP size that divides the trainer GPUs per node.", loaded))
+    if issues:
+        raise SpecError(issues)
+
+    # ---- nodes and GPU slots
+    nodes: list[NodePlan] = []
+    for pos in range(num_nodes):
+        roles: list[Role] = []
+        slots: list[GpuSlot] = []
+        machine_rank = trainer_pos.index(pos) if pos in trainer_pos else None
+        server_rank = server_pos.index(pos) if pos in server_pos else None
+        sg: tuple[int, ...] = gpus.server_gpus if server_rank is not None else ()
+        tg: tuple[int, ...] = gpus.trainer_gpus if machine_rank is not None else ()
+        if server_rank is not None:
+            roles.append("server")
+            for j, gpu in enumerate(sg):
+                w = server_rank * len(sg) + j
+                slots.append(GpuSlot(gpu, "server", j, w, w % tp, w // tp))
+        if machine_rank is not None:
+            roles.append("trainer")
+            for j, gpu in enumerate(tg):
+                r = machine_rank * ppn + j
+                if mode == "colocate":
+                    slots.append(GpuSlot(gpu, "trainer", j, r, r % tp, r // tp))
+                else:
+                    slots.append(GpuSlot(gpu, "trainer", j, r))
+        slots.sort(key=lambda s: s.gpu)
+        nodes.append(NodePlan(pos, tuple(roles), sg, tg, machine_rank, server_rank, tuple(slots)))
+
+    ports = resolve_ports(spec)
+    endpoints: list[Endpoint] = [
+        Endpoint("trainer processes", trainer_pos[0], "main_process", Ref("LG_MAIN_PROCESS_IP"),
+                 "torch/accelerate rendezvous"),
+    ]
+
+    # ---- server
+    server: ServerPlan | None = None
+    if v is not None and v.mode == "server":
+        leader = server_pos[0]
+        multi_dp = len(server_pos) > 1 and dp > 1
+        dtype: str = spec.model.dtype
+        if dtype == "auto":
+            dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[precision]
+        common: list[Word] = [v.executable, "serve", spec.model.name_or_path]
+        if spec.model.revision:
+            common += ["--revision", spec.model.revision]
+        if spec.model.trust_remote_code:
+            common.append("--trust-remote-code")
+        common += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
+        if dp > 1:
+            common += ["--data-parallel-size", str(dp)]
+        if multi_dp:
+            common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
+                       "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
+        common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+        if v.max_model_len is not None:
+            common += ["--max-model-len", str(v.max_model_len)]
+        if v.enable_prefix_caching is not None:
+            common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+        if v.enforce_eager:
+            common.append("--enforce-eager")
+        common += ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+                   "--max-logprobs", "-1"]
+        commands = []
+        for k, pos in enumerate(server_pos):
+            if k == 0:
+                argv: list[Word] = [*common]
+                if dp > 1:
+                    # vLLM defaults to one API server per DP rank; only one would carry the dev routes
+                    argv += ["--api-server-count", "1"]
+                argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
+            else:
+                argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
+            argv += list(v.extra_args)
+            commands.append(ServerCommand(pos, k, tuple(argv)))
+        senv = [
+            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False),
+            EnvVar("VLLM_SERVER_DEV_MODE", "1"),
+            EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+            *_user_env(spec, "server"),
+        ]
+        server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
+                            tuple(senv), "/health", v.health_timeout, v.executable)
+        endpoints += [
+            Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
+                     "generation requests, weight-update control, /health"),
+            Endpoint("server workers", trainer_pos[0], "group", Ref("LG_MAIN_PROCESS_IP"),
+                     "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
+        ]
+        if multi_dp:
+            endpoints.append(Endpoint("headless server nodes", leader, "dp_rpc", Ref("LG_DP_ADDRESS"),
+                                      "vLLM data-parallel coordination"))
+    if mode == "colocate":
+        endpoints.append(Endpoint("trainer processes (vLLM)", trainer_pos[0], "colocate_master",
+                                  Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
+
+    # ---- trainer
+    module = f"launchgen.trainers.{t.trainer}"
+    overrides: list[Override] = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
+    if mode == "server":
+        overrides += [
+            Override("generation.vllm_server.host", Ref("LG_SERVER_HOST_YAML", "generation.vllm_server.host=")),
+            Override("generation.vllm_server.port", Ref("LG_SERVER_PORT", "generation.vllm_server.port=")),
+            Override("generation.vllm_server.group_port",
+                     Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
+        ]
+    targv: list[Word] = [
+        "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
+        "--num_machines", str(num_machines), "--num_processes", str(num_processes),
+        "--machine_rank", Ref("LG_MACHINE_RANK"), "--main_process_ip", Ref("LG_MAIN_PROCESS_IP"),
+        "--main_process_port", Ref("LG_MAIN_PROCESS_PORT"),
+        # launchgen.rank runs the trainer module and records its pid and exit status (see launchgen/rank.py)
+        "-m", "launchgen.rank", module, "--config", Ref("LG_TRAINER_CONFIG"),
+    ]
+    for o in overrides:
+        targv += ["--set", o.value]
+    tenv: list[EnvVar] = []
+    if t.device == "cpu":
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", ""))
+    else:
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
+    tenv += [
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        EnvVar("LAUNCHGEN_NODE_NAME", '"$LG_NODE"', False),
+    ]
+    if mode == "colocate":
+        tenv.append(EnvVar("LAUNCHGEN_COLOCATE_MASTER_PORT", '"$LG_COLOCATE_MASTER_PORT"', False))
+    tenv += _user_env(spec, "trainer")
+    acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
+    trainer = TrainerPlan(
+        positions=trainer_pos, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
+        processes_per_node=ppn, num_processes=num_processes, backend=t.backend, module=module,
+        argv=tuple(targv), env=tuple(tenv), unset_env=("VLLM_SERVER_DEV_MODE",), overrides=tuple(overrides),
+        accelerate_config=acc, accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True),
+        config=config,
+        config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"
+        + config.to_yaml(),
+        colocate=mode == "colocate",
+    )
+
+    s = spec.slurm
+    slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
+                      s.cpus_per_task)
+    dumped = spec.model_dump(mode="json")
+    h = spec_hash(spec)
+    spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
+                 + yaml.safe_dump(dumped, sort_keys=False))
+    return Plan(
+        version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
+        job_name=spec.job.name, num_nodes=num_nodes, gpus_per_node=s.gpus_per_node, device=t.device,
+        nodes=tuple(nodes), ports=ports, port_offset=spec.job.port_offset == "job_id",
+        endpoints=tuple(endpoints), server=server, trainer=trainer,
+        layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=mode,
+        usr2_stop_after=s.signal_grace // 2,
+    )
+
+
+def bash_issues(plan: Plan) -> list[Issue]:
+    """Why `plan` cannot run under `--bash` (one machine), as LG909 issues."""
+    if plan.num_nodes > 1:
+        return [Issue("LG909", "train.nodes", f"the layout needs {plan.num_nodes} nodes but --bash runs on one "
+                      "machine", "Render without --bash, or use one trainer node and `vllm.nodes: 0`.",
+                      "error", None, plan.source)]
+    return []

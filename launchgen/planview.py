@@ -1,0 +1,153 @@
+"""The plan as tables (rich): per-node GPU map, ports, addresses, env per role, commands.
+
+Used by `launchgen plan SPEC` and `launchgen check --explain`. Reads only the Plan.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
+
+
+def _word(w: Word) -> str:
+    return str(w) if isinstance(w, Ref) else shlex.quote(w)
+
+
+def command_line(argv: tuple[Word, ...]) -> str:
+    return " ".join(_word(w) for w in argv)
+
+
+def _slot_text(slot: GpuSlot, plan: Plan) -> str:
+    if slot.role == "server":
+        text = f"server TP{slot.tp_rank}"
+        if plan.server is not None and plan.server.data_parallel_size > 1:
+            text += f" DP{slot.dp_rank}"
+        return text
+    text = f"trainer r{slot.global_rank}"
+    if plan.trainer.colocate:
+        text += f" +vLLM TP{slot.tp_rank}"
+    return text
+
+
+def gpu_map(plan: Plan) -> Table:
+    table = Table(title="GPU map (node position x GPU -> role / rank)", title_justify="left")
+    table.add_column("node", justify="right")
+    table.add_column("roles")
+    if plan.device == "cpu":
+        table.add_column("devices")
+        for n in plan.nodes:
+            table.add_row(str(n.position), ", ".join(n.roles), f"CPU (machine rank {n.machine_rank})")
+        return table
+    for g in range(plan.gpus_per_node):
+        table.add_column(f"GPU {g}")
+    for n in plan.nodes:
+        by_gpu = {s.gpu: s for s in n.slots}
+        cells = []
+        for g in range(plan.gpus_per_node):
+            slot = by_gpu.get(g)
+            if slot is None:
+                cells.append("[dim]idle[/dim]")
+            elif slot.role == "server":
+                cells.append(f"[cyan]{_slot_text(slot, plan)}[/cyan]")
+            else:
+                cells.append(f"[green]{_slot_text(slot, plan)}[/green]")
+        roles = ", ".join(n.roles)
+        if n.machine_rank is not None:
+            roles += f" (machine rank {n.machine_rank})"
+        if n.server_rank is not None and plan.server is not None and len(plan.server.positions) > 1:
+            roles += " (server leader)" if n.server_rank == 0 else f" (server rank {n.server_rank}, headless)"
+        table.add_row(str(n.position), roles, *cells)
+    return table
+
+
+def port_table(plan: Plan) -> Table:
+    title = "Ports" + (" (+ (SLURM_JOB_ID % 1000) * 10 at run time)" if plan.port_offset else "")
+    table = Table(title=title, title_justify="left")
+    for col in ("port", "base", "bound on node", "bound by", "reached by", "spec field"):
+        table.add_column(col)
+    for p in plan.ports:
+        table.add_row(p.name, str(p.base), str(p.host_position), p.bound_by, p.reached_by, p.spec_path)
+    return table
+
+
+def endpoint_table(plan: Plan) -> Table:
+    table = Table(title="Addresses each side must reach", title_justify="left")
+    for col in ("who", "connects to node", "port", "address", "why"):
+        table.add_column(col)
+    for e in plan.endpoints:
+        table.add_row(e.who, str(e.position), e.port, escape(_word(e.host)), e.why)
+    return table
+
+
+def _env_value(e: EnvVar) -> str:
+    return escape(shlex.quote(e.value)) if e.literal else f"{escape(e.value)}  [dim](run time)[/dim]"
+
+
+def env_table(plan: Plan) -> Table:
+    table = Table(title="Environment per role", title_justify="left")
+    for col in ("role", "variable", "value", "from"):
+        table.add_column(col)
+    if plan.server is not None:
+        for e in plan.server.env:
+            table.add_row("server", e.name, _env_value(e), e.source)
+    for e in plan.trainer.env:
+        table.add_row("trainer", e.name, _env_value(e), e.source)
+    for name in plan.trainer.unset_env:
+        table.add_row("trainer", name, "[dim](unset)[/dim]", "launchgen")
+    table.add_row("all steps", "LAUNCHGEN_PID_DIR", "$LG_JOB_DIR/" + plan.layout.pid_dir + "  [dim](run time)[/dim]",
+                  "launchgen")
+    return table
+
+
+def command_table(plan: Plan) -> Table:
+    table = Table(title="Commands (${LG_*}: set by the script at run time)", title_justify="left")
+    table.add_column("role")
+    table.add_column("nodes")
+    table.add_column("command", overflow="fold")
+    if plan.server is not None:
+        for c in plan.server.commands:
+            label = "server" if len(plan.server.commands) == 1 else f"server rank {c.server_rank}"
+            table.add_row(label, str(c.position), escape(command_line(c.argv)))
+    table.add_row("trainer", ",".join(str(p) for p in plan.trainer.positions),
+                  escape(command_line(plan.trainer.argv)))
+    return table
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    t = plan.trainer
+    lines = [
+        f"job {plan.job_name}: {plan.num_nodes} node(s), vLLM {plan.vllm_mode}, spec sha256 {plan.spec_hash[:16]}",
+        f"trainer: {t.module} via accelerate ({t.backend}), {t.num_processes} process(es) on "
+        f"{t.num_machines} node(s)" + (" on CPU" if t.device == "cpu" else ""),
+    ]
+    if plan.server is not None:
+        s = plan.server
+        lines.append(f"server: {s.executable} serve, TP {s.tensor_parallel_size} x DP {s.data_parallel_size} on "
+                     f"node(s) {','.join(str(p) for p in s.positions)}, binds "
+                     f"{'the node address' if s.bind == 'node' else s.bind}, /health timeout {s.health_timeout} s")
+    lines.append(f"job dir: {plan.layout.output_dir} (logs: {plan.layout.server_log.split('/server')[0]}/"
+                 "<role>-<node>.log)")
+    if plan.slurm.signal_grace:
+        lines.append(f"preemption: USR2 {plan.slurm.signal_grace} s before the time limit, requeue up to "
+                     f"{plan.slurm.max_restarts} time(s)")
+    return lines
+
+
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # piped or captured: no terminal width to respect, and a wrapped GPU map is unreadable
+            console = Console(width=max(console.width, 160))
+    for line in summary_lines(plan):
+        console.print(line, highlight=False, markup=False)
+    console.print(gpu_map(plan))
+    console.print(port_table(plan))
+    console.print(endpoint_table(plan))
+    console.print(env_table(plan))
+    console.print(command_table(plan))

@@ -1,0 +1,310 @@
+"""One test per check: a bad spec fires the code on the right field and YAML line; the good base spec does not.
+
+Specs are built from a base dict, dumped to YAML, and the expected line is found by searching the YAML text
+(independently of the loader's own line map). The base spec uses a local model directory with a config.json
+so the model-dependent checks run without any network or HF cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launchgen import checks
+from launchgen.checks import CODES, run_checks
+from launchgen.issues import Issue
+from launchgen.loader import load_spec_text
+
+DELETE = object()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local 'model' with a GQA config: 32 query heads, 8 KV heads, 4096 positions."""
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_attention_heads": 32, "num_key_value_heads": 8,
+        "max_position_embeddings": 4096,
+    }))
+    return d
+
+
+def base(model: Path | str) -> dict[str, Any]:
+    return {
+        "job": {"name": "t"},
+        "slurm": {"time": "02:00:00"},
+        "model": {"name_or_path": str(model)},
+        "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4, "group_port": 29551},
+        "train": {"trainer": "grpo", "args": {"data": {"path": "d.jsonl"}}},
+    }
+
+
+def merge(d: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(d)
+    for k, v in patch.items():
+        if v is DELETE:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def render(d: dict[str, Any]) -> str:
+    return yaml.safe_dump(d, sort_keys=False, default_flow_style=False)
+
+
+def line_in(text: str, needle: str, occurrence: int = 1) -> int:
+    n = 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if needle in line:
+            n += 1
+            if n == occurrence:
+                return i
+    raise AssertionError(f"{needle!r} not in spec text:\n{text}")
+
+
+def issues_for(d: dict[str, Any], env: Mapping[str, str] | None = None) -> list[Issue]:
+    loaded = load_spec_text(render(d), "spec.yaml")
+    _, issues = run_checks(loaded, env={} if env is None else env)
+    return issues
+
+
+def find(issues: list[Issue], code: str) -> list[Issue]:
+    return [i for i in issues if i.code == code]
+
+
+def test_base_spec_is_clean(model_dir: Path) -> None:
+    loaded = load_spec_text(render(base(model_dir)), "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert issues == []
+    assert plan is not None
+
+
+# (code, patch on the base spec, expected path, needle on the expected line, occurrence, severity)
+CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
+    ("LG101", {"vllm": {"gpus": [0, 1, 2, 8]}}, "vllm.gpus.3", "- 8", 1, "error"),
+    ("LG102", {"vllm": {"gpus": [0, 1, 1, 2]}}, "vllm.gpus.2", "- 1", 2, "error"),
+    ("LG103", {"train": {"gpus": [3, 4, 5, 6]}}, "train.gpus", "gpus:", 2, "error"),
+    ("LG104", {"vllm": {"gpus": DELETE}}, "vllm.gpus", "vllm:", 1, "error"),
+    ("LG105", {"vllm": {"gpus": list(range(8)), "tensor_parallel_size": 8}}, "vllm.gpus", "gpus:", 1, "error"),
+    ("LG106", {"train": {"gpus": [4, 5]}}, "train.gpus", "gpus:", 2, "info"),
+    ("LG201", {"vllm": {"tensor_parallel_size": 2}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1,
+     "error"),
+    ("LG202", {"vllm": {"nodes": 2, "gpus": [0, 1, 2], "tensor_parallel_size": 6}},
+     "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
+    ("LG206", {"vllm": {"max_model_len": 1000},
+               "train": {"args": {"data": {"max_prompt_length": 512},
+                                  "generation": {"max_completion_length": 1024}}}},
+     "vllm.max_model_len", "max_model_len", 1, "error"),
+    ("LG207", {"vllm": {"max_model_len": 8192}}, "vllm.max_model_len", "max_model_len", 1, "warning"),
+    ("LG209", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 2},
+               "train": {"gpus": [0, 1, 2]}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
+    ("LG301", {"slurm": {"gpus_per_node": 1}, "vllm": DELETE, "train": {"backend": "fsdp"}},
+     "train.backend", "backend:", 1, "info"),
+    ("LG302", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
+               "train": {"backend": "deepspeed_zero3"}}, "train.backend", "backend:", 1, "warning"),
+    ("LG303", {"train": {"args": {"num_generations": 3}}}, "train.args.num_generations", "num_generations", 1,
+     "error"),
+    ("LG401", {"vllm": {"port": 80}}, "vllm.port", "port: 80", 1, "error"),
+    ("LG402", {"vllm": {"port": 29500}}, "vllm.port", "port: 29500", 1, "error"),
+    ("LG403", {"vllm": {"port": 40000}}, "vllm.port", "port: 40000", 1, "warning"),
+    ("LG404", {"job": {"port_offset": "job_id"}, "vllm": {"port": 60000}}, "vllm.port", "port: 60000", 1,
+     "error"),
+    ("LG405", {"job": {"port_offset": "job_id"}, "vllm": {"port": 29510}}, "vllm.port", "port: 29510", 1,
+     "warning"),
+    ("LG406", {"slurm": {"exclusive": False}}, "job.port_offset", "job:", 1, "warning"),
+    ("LG501", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "nodes": 1}}, "vllm.nodes", "nodes: 1", 1, "error"),
+    ("LG502", {"train": {"args": {"generation": {"vllm_colocate": {"gpu_memory_utilization": 0.5}}}}},
+     "train.args.generation.vllm_colocate.gpu_memory_utilization", "gpu_memory_utilization", 1, "error"),
+    ("LG503", {"train": {"trainer": "sft"}}, "train.trainer", "trainer: sft", 1, "error"),
+    ("LG504", {"train": {"args": {"generation": {"backend": "hf"}}}}, "train.args.generation.backend",
+     "backend: hf", 1, "error"),
+    ("LG505", {"train": {"args": {"generation": {"vllm_server": {"port": 9000}}}}},
+     "train.args.generation.vllm_server.port", "port: 9000", 1, "error"),
+    ("LG506", {"vllm": {"mode": "colocate", "gpus": DELETE, "tensor_parallel_size": 1}}, "vllm.group_port",
+     "group_port", 1, "warning"),
+    ("LG507", {"vllm": DELETE}, "train.trainer", "trainer: grpo", 1, "info"),
+    ("LG508", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "gpu_memory_utilization": 0.8}}, "vllm.gpu_memory_utilization", "gpu_memory_utilization",
+     1, "warning"),
+    ("LG601", {"train": {"args": {"model": {"attn_implementation": "not a kernel!"}}}},
+     "train.args.model.attn_implementation", "attn_implementation", 1, "error"),
+    ("LG602", {"train": {"attn_implementation": "kernels-community/flash-attn2"}}, "train.attn_implementation",
+     "attn_implementation", 1, "warning"),
+    ("LG603", {"train": {"attn_implementation": "kernels-community/flash-attn2@v3", "cuda_version": "12.8"}},
+     "train.attn_implementation", "attn_implementation", 1, "error"),
+    ("LG604", {"train": {"attn_implementation": "flash_attention_2", "cuda_version": "12.8"}},
+     "train.attn_implementation", "attn_implementation", 1, "warning"),
+    ("LG605", {"train": {"bf16": True, "fp16": True}}, "train.fp16", "fp16:", 1, "error"),
+    ("LG606", {"train": {"precision": "fp32", "bf16": True}}, "train.bf16", "bf16:", 1, "error"),
+    ("LG607", {"train": {"use_liger_kernel": True, "args": {"top_entropy_quantile": 0.2}}},
+     "train.args.top_entropy_quantile", "top_entropy_quantile", 1, "error"),
+    ("LG608", {"train": {"use_liger_kernel": True, "args": {"importance_sampling_level": "sequence"}}},
+     "train.args.importance_sampling_level", "importance_sampling_level", 1, "error"),
+    ("LG609", {"train": {"use_liger_kernel": True, "args": {"entropy_coef": 0.01}}},
+     "train.args.entropy_coef", "entropy_coef", 1, "error"),
+    ("LG610", {"train": {"use_liger_kernel": True, "args": {"off_policy_mask_threshold": 0.5}}},
+     "train.args.off_policy_mask_threshold", "off_policy_mask_threshold", 1, "error"),
+    ("LG611", {"model": {"dtype": "float16"}}, "model.dtype", "dtype: float16", 1, "warning"),
+    ("LG701", {"vllm": {"version": "0.18.0"}}, "vllm.version", "version: 0.18.0", 1, "error"),
+    ("LG702", {"vllm": {"version": "0.40.0"}}, "vllm.version", "version: 0.40.0", 1, "warning"),
+    ("LG703", {"vllm": {"version": "0.30.0"}}, "vllm.version", "version: 0.30.0", 1, "info"),
+    ("LG704", {"vllm": {"version": "0.20.0"}}, "vllm.version", "version: 0.20.0", 1, "info"),
+    ("LG705", {"vllm": {"version": "0.28.0"}}, "vllm.version", "version: 0.28.0", 1, "info"),
+    ("LG710", {"vllm": {"version": "0.28.0", "extra_args": ["--enable-scale-out"]}}, "vllm.extra_args.0",
+     "- --enable-scale-out", 1, "error"),
+    ("LG801", {"vllm": {"bind": "0.0.0.0"}}, "vllm.bind", "bind:", 1, "warning"),
+    ("LG802", {"vllm": {"extra_args": ["--enforce-eager", "--port=9000"]}}, "vllm.extra_args.1", "- --port=9000",
+     1, "error"),
+    ("LG803", {"vllm": {"health_timeout": 30}}, "vllm.health_timeout", "health_timeout", 1, "warning"),
+    ("LG804", {"slurm": {"time": "00:01:00", "signal_grace": 120}}, "slurm.signal_grace", "signal_grace", 1,
+     "error"),
+    ("LG805", {"slurm": {"signal_grace": 10}}, "slurm.signal_grace", "signal_grace", 1, "warning"),
+    ("LG806", {"slurm": {"signal_grace": 0}}, "slurm.signal_grace", "signal_grace", 1, "info"),
+    ("LG807", {"slurm": {"env": {"trainer": {"CUDA_VISIBLE_DEVICES": "0"}}}},
+     "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
+    ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
+     "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+]
+
+
+@pytest.mark.parametrize(("code", "patch", "path", "needle", "occurrence", "severity"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_check_fires(model_dir: Path, code: str, patch: dict[str, Any], path: str, needle: str,
+                     occurrence: int, severity: str) -> None:
+    bad = merge(base(model_dir), patch)
+    text = render(bad)
+    found = find(issues_for(bad), code)
+    assert found, f"{code} did not fire on:\n{text}"
+    hit = next((i for i in found if i.path == path), None)
+    assert hit is not None, f"{code} fired on {[i.path for i in found]}, expected {path}"
+    assert hit.line == line_in(text, needle, occurrence)
+    assert hit.severity == severity
+    assert hit.file == "spec.yaml"
+    assert hit.message and (hit.fix or severity == "info")
+    # the good base spec does not fire it
+    assert not find(issues_for(base(model_dir)), code)
+
+
+def test_lg808_loopback_is_fine_on_a_shared_node(model_dir: Path) -> None:
+    shared = merge(base(model_dir), {"vllm": {"bind": "127.0.0.1"}})
+    loaded = load_spec_text(render(shared), "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert plan is not None and not find(issues, "LG808")
+
+
+# --- checks that need a particular model config ------------------------------------------------------------
+
+def _model(tmp_path: Path, **cfg: Any) -> Path:
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_lg203_attention_heads_not_divisible(tmp_path: Path) -> None:
+    bad = base(_model(tmp_path, num_attention_heads=14, num_key_value_heads=2))
+    hit = find(issues_for(bad), "LG203")
+    assert [i.path for i in hit] == ["vllm.tensor_parallel_size"]
+    assert hit[0].line == line_in(render(bad), "tensor_parallel_size")
+    good = base(_model(tmp_path, num_attention_heads=16, num_key_value_heads=2))
+    assert not find(issues_for(good), "LG203")
+
+
+def test_lg204_kv_heads_cannot_be_split(tmp_path: Path) -> None:
+    bad = base(_model(tmp_path, num_attention_heads=24, num_key_value_heads=6))
+    hit = find(issues_for(bad), "LG204")
+    assert [i.path for i in hit] == ["vllm.tensor_parallel_size"]
+    assert hit[0].line == line_in(render(bad), "tensor_parallel_size")
+    # 2 KV heads with TP 4: vLLM replicates them, fine
+    good = base(_model(tmp_path, num_attention_heads=32, num_key_value_heads=2))
+    assert not find(issues_for(good), "LG204")
+
+
+def test_lg205_dp_for_dense_model(tmp_path: Path) -> None:
+    bad = merge(base(_model(tmp_path, num_attention_heads=32, num_key_value_heads=8)),
+                {"vllm": {"tensor_parallel_size": 2, "data_parallel_size": 2}})
+    hit = find(issues_for(bad), "LG205")
+    assert [(i.path, i.severity) for i in hit] == [("vllm.data_parallel_size", "warning")]
+    assert hit[0].line == line_in(render(bad), "data_parallel_size")
+    moe = merge(base(_model(tmp_path, num_attention_heads=32, num_key_value_heads=8, num_experts=64)),
+                {"vllm": {"tensor_parallel_size": 2, "data_parallel_size": 2}})
+    assert not find(issues_for(moe), "LG205")
+
+
+def test_lg208_config_not_reachable_and_hf_cache_layout(tmp_path: Path) -> None:
+    bad = merge(base("org/not-cached"), {})
+    hit = find(issues_for(bad, env={"HF_HOME": str(tmp_path / "hf")}), "LG208")
+    assert [(i.path, i.severity) for i in hit] == [("model.name_or_path", "info")]
+    assert hit[0].line == line_in(render(bad), "name_or_path")
+    # the same model in the HF cache layout: config found, heads checked (14 % 4 -> LG203), no LG208
+    snap = tmp_path / "hf" / "hub" / "models--org--not-cached" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"num_attention_heads": 14, "num_key_value_heads": 2}))
+    refs = tmp_path / "hf" / "hub" / "models--org--not-cached" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("abc123")
+    issues = issues_for(bad, env={"HF_HOME": str(tmp_path / "hf")})
+    assert not find(issues, "LG208")
+    assert find(issues, "LG203")
+
+
+def test_lg603_unknown_gqa_is_a_warning_and_mha_is_clean(tmp_path: Path) -> None:
+    patch = {"train": {"attn_implementation": "kernels-community/flash-attn2@v3", "cuda_version": "12.8"}}
+    unknown = merge(base("org/not-cached"), patch)
+    hit = find(issues_for(unknown, env={"HF_HOME": str(tmp_path)}), "LG603")
+    assert [i.severity for i in hit] == ["warning"]
+    mha = merge(base(_model(tmp_path, num_attention_heads=32, num_key_value_heads=32)), patch)
+    assert not find(issues_for(mha), "LG603")
+    pinned = merge(base(_model(tmp_path, num_attention_heads=32, num_key_value_heads=8)),
+                   {"train": {"attn_implementation": "kernels-community/flash-attn2@v2", "cuda_version": "12.8"}})
+    assert not find(issues_for(pinned), "LG603")
+
+
+# --- registry hygiene --------------------------------------------------------------------------------------
+
+def test_every_check_code_is_documented_and_tested() -> None:
+    registered = {c for chk in checks.CHECKS for c in chk.codes}
+    assert registered <= set(CODES)
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208"}
+    assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
+
+
+def test_check_codes_doc_lists_every_code() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "check-codes.md").read_text()
+    missing = [c for c in CODES if f"`{c}`" not in doc]
+    assert missing == []
+    assert checks.codes_markdown() in doc, "regenerate docs/check-codes.md from checks.codes_markdown()"
+
+
+def test_strict_turns_warnings_into_errors(model_dir: Path) -> None:
+    loaded = load_spec_text(render(merge(base(model_dir), {"vllm": {"bind": "0.0.0.0"}})), "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert plan is not None and [i.severity for i in issues] == ["warning"]
+    plan, issues = run_checks(loaded, env={}, strict=True)
+    assert plan is None and [i.severity for i in issues] == ["error"]
+
+
+def test_plan_errors_become_issues(model_dir: Path) -> None:
+    # `precision` in train.args is owned by the spec: the plan refuses it (LG902) after the checks pass
+    loaded = load_spec_text(render(merge(base(model_dir), {"train": {"args": {"precision": "bf16"}}})),
+                            "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert plan is None
+    assert [i.code for i in issues] == ["LG902"]
+    assert issues[0].line is not None
+
+
+def test_port_offset_constant_matches_plan() -> None:
+    from launchgen.plan import MAX_PORT_OFFSET
+
+    assert checks.PORT_OFFSET_MAX == MAX_PORT_OFFSET

@@ -1,0 +1,134 @@
+"""Spec values cannot break out of shell quoting: they arrive verbatim and nothing in them executes.
+
+Each case renders a --bash script from a spec whose free-text fields hold generated strings (spaces, quotes,
+`$()`, backticks, newlines, globs, `;`) plus injection attempts that would create a canary file, runs the whole
+script with recording stand-ins for `vllm` and `accelerate`, then checks that every value reached the server's
+argv/env and the trainer's argv/env/parsed config byte for byte, and that the canary never appeared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from launchgen.loader import load_spec_text
+from launchgen.plan import build_plan
+from launchgen.render import render_script
+
+RECORD_VLLM = """\
+import json, os, sys, time
+rec = os.environ["REC_DIR"]
+json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, open(os.path.join(rec, "server.tmp"), "w"))
+os.replace(os.path.join(rec, "server.tmp"), os.path.join(rec, "server.json"))
+time.sleep(60)
+"""
+
+RECORD_ACCELERATE = """\
+import json, os, sys, time
+from launchgen.trainers.config import TrainerConfig
+rec = os.environ["REC_DIR"]
+args = sys.argv[1:]
+tail = args[args.index("-m") + 2:]
+config = tail[tail.index("--config") + 1]
+sets = [tail[i + 1] for i, a in enumerate(tail) if a == "--set"]
+cfg = TrainerConfig.from_yaml(config, sets).model_dump(mode="json")
+if os.environ.get("REC_WAIT_SERVER") == "1":
+    deadline = time.time() + 20
+    while not os.path.exists(os.path.join(rec, "server.json")) and time.time() < deadline:
+        time.sleep(0.05)
+json.dump({"argv": args, "env": dict(os.environ), "config": cfg}, open(os.path.join(rec, "trainer.json"), "w"))
+"""
+
+INJECTIONS = [
+    "$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "', "$(touch {c})\n", "\n touch {c}\n",
+    "${{IFS}}touch${{IFS}}{c}", "*", "a b  c", "\\", "'\"'\"'", "%j", "--flag=$HOME",
+]
+
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from("\n\t"),
+               max_size=12)
+PRINTABLE = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Zl", "Zp")),
+                    min_size=1, max_size=10).filter(
+    # job.output_dir refuses non-printables (LG910); `/` would only add directory levels
+    lambda s: s.isprintable() and s.strip() and "/" not in s and s not in (".", ".."))
+
+
+def _bin(dirpath: Path) -> None:
+    dirpath.mkdir()
+    for name, body in (("vllm", RECORD_VLLM), ("accelerate", RECORD_ACCELERATE)):
+        path = dirpath / name
+        path.write_text(f"#!{sys.executable}\n{body}")
+        path.chmod(0o755)
+
+
+def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        canary = root / "CANARY"
+        inj = injection.format(c=canary)
+        nasty = value + inj
+        spec = {
+            "job": {"name": "q", "output_dir": f"runs/{dirname}/%j"},
+            "slurm": {"gpus_per_node": 2, "env": {"all": {"LG_TEST_ALL": nasty},
+                                                  "server": {"LG_TEST_SERVER": inj + value},
+                                                  "trainer": {"LG_TEST_TRAINER": nasty + "'"}}},
+            "model": {"name_or_path": nasty, "revision": inj},
+            "train": {"gpus": [1] if with_server else [0, 1],
+                      "args": {"data": {"path": nasty, "system_prompt": inj}, "max_steps": 1}},
+        }
+        # LG_* is reserved for launchgen's own variables: rename the test's
+        spec["slurm"]["env"] = {role: {k.replace("LG_", "QT_"): v for k, v in env.items()}
+                                for role, env in spec["slurm"]["env"].items()}
+        if with_server:
+            spec["vllm"] = {"mode": "server", "gpus": [0], "bind": nasty.replace("\n", " "),
+                            "extra_args": [nasty, inj, value], "health_timeout": 60}
+        plan = build_plan(load_spec_text(yaml.safe_dump(spec), f"spec {inj}.yaml"))
+        script = root / "job.sh"
+        script.write_text(render_script(plan, "bash"))
+        rec = root / "rec"
+        rec.mkdir()
+        _bin(root / "bin")
+        env = {**os.environ, "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "REC_DIR": str(rec),
+               "REC_WAIT_SERVER": "1" if with_server else "0"}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        res = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert not canary.exists(), "a spec value was executed"
+        assert res.returncode == 0, res.stderr[-3000:]
+
+        trainer = json.loads((rec / "trainer.json").read_text())
+        assert trainer["env"]["QT_TEST_ALL"] == nasty
+        assert trainer["env"]["QT_TEST_TRAINER"] == nasty + "'"
+        assert "QT_TEST_SERVER" not in trainer["env"]
+        cfg = trainer["config"]
+        assert cfg["model"]["name_or_path"] == nasty and cfg["model"]["revision"] == inj
+        assert cfg["data"]["path"] == nasty and cfg["data"]["system_prompt"] == inj
+        job_dir = root / "runs" / dirname.replace("%j", "local") / "local"  # every %j is the job id
+        assert cfg["output_dir"] == str(job_dir.resolve() / "trainer")
+        # the embedded copy of the spec is the resolved spec, byte for byte
+        assert (job_dir / "spec.yaml").read_text() == plan.spec_yaml
+        if with_server:
+            server = json.loads((rec / "server.json").read_text())
+            expected = list(plan.server.commands[0].argv[1:])  # type: ignore[union-attr]
+            assert len(server["argv"]) == len(expected)
+            for got, want in zip(server["argv"], expected, strict=True):
+                if isinstance(want, str):
+                    assert got == want
+            assert server["argv"][1] == nasty and server["argv"][-3:] == [nasty, inj, value]
+            assert server["env"]["QT_TEST_SERVER"] == inj + value and server["env"]["VLLM_SERVER_DEV_MODE"] == "1"
+            assert cfg["generation"]["vllm_server"]["host"] == nasty.replace("\n", " ")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=TEXT, injection=st.sampled_from(INJECTIONS), dirname=PRINTABLE, with_server=st.booleans())
+@example(value="a b'c\"d$(e)`f`\n*", injection="$(touch {c})", dirname="we ird'$(x)*", with_server=True)
+@example(value="", injection="'; touch {c}; '", dirname="%j&x", with_server=False)
+def test_spec_values_arrive_verbatim_and_never_execute(value: str, injection: str, dirname: str,
+                                                       with_server: bool) -> None:
+    _case(value, injection, dirname, with_server)

@@ -1,0 +1,38 @@
+"""Reward functions for the CPU learning tests (imported by `module:function` name, as a user's would be)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The token the toy task rewards; a single-character token in the tiny BPE vocabulary.
+TARGET = "7"
+
+
+def target_fraction(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Fraction of the completion's characters that are the target character (dense, so a tiny model learns fast)."""
+    out: list[float | None] = []
+    for c in completions:
+        text = c if isinstance(c, str) else c[-1]["content"]
+        out.append(text.count(TARGET) / max(1, len(text)))
+    return out
+
+
+#: When set to n > 0, `target_fraction_signal` sends SIGUSR2 to this process on its n-th call (a pre-timeout signal).
+SIGNAL_AT = 0
+_calls = 0
+
+
+def target_fraction_signal(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    import os
+    import signal
+
+    global _calls
+    _calls += 1
+    if SIGNAL_AT and _calls == SIGNAL_AT:
+        os.kill(os.getpid(), signal.SIGUSR2)
+    return target_fraction(prompts, completions)
+
+
+def never(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Cannot score anything (e.g. a verifier that timed out)."""
+    return [None] * len(completions)

@@ -1,0 +1,1 @@
+"""A stand-in for `vllm serve` (server.py) and the helpers tests use to run it (harness.py)."""

@@ -1,0 +1,185 @@
+"""Prompt data: local .jsonl/.json/.parquet files or a Hub data set, chat templates, seeded resumable order.
+
+The prompt column holds either text or a list of chat messages. With a chat template, text becomes one user
+message (after `system_prompt`, when set) and message lists are used as they are; the template is applied with
+`add_generation_prompt=True`. Without a template, text is used as is (the system prompt, if any, is prepended
+with a blank line) and message lists are an error.
+
+`PromptSampler` draws prompt indices in a seeded permutation per epoch; its state (epoch, index) is part of every
+checkpoint, so a resumed run continues with exactly the prompts the interrupted run would have used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from launchgen.trainers.config import DataSection
+from launchgen.trainers.errors import TrainerSetupError
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def _read_local(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise TrainerSetupError(f"data.path {path}: line {n} is not JSON ({e.msg})") from e
+        return rows
+    if suffix == ".json":
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise TrainerSetupError(f"data.path {path}: not JSON ({e.msg} at line {e.lineno})") from e
+        if isinstance(obj, dict):
+            # {"data": [...]} / {"train": [...]} wrappers, or a columnar {col: [values]} mapping
+            lists = {k: v for k, v in obj.items() if isinstance(v, list)}
+            if len(lists) == 1 and all(isinstance(x, dict) for x in next(iter(lists.values()))):
+                obj = next(iter(lists.values()))
+            elif lists and len(lists) == len(obj) and len({len(v) for v in lists.values()}) == 1:
+                keys = list(lists)
+                obj = [dict(zip(keys, vals, strict=True)) for vals in zip(*lists.values(), strict=True)]
+        if not isinstance(obj, list) or not all(isinstance(x, dict) for x in obj):
+            raise TrainerSetupError(f"data.path {path}: expected a list of objects (one per prompt)")
+        return obj
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise TrainerSetupError(
+                f"data.path {path}: reading parquet needs pyarrow: pip install 'launchgen[data]'"
+            ) from e
+        return pq.read_table(path).to_pylist()
+    raise TrainerSetupError(f"data.path {path}: unsupported file type {suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+
+
+def load_rows(data: DataSection) -> list[dict[str, Any]]:
+    """All rows, after `column_mapping`; the prompt column must exist."""
+    rows = read_rows(data)
+    if data.prompt_column not in rows[0]:
+        raise TrainerSetupError(
+            f"data.prompt_column {data.prompt_column!r} not in the data (columns: {', '.join(sorted(rows[0]))}); "
+            "set data.prompt_column or data.column_mapping"
+        )
+    return rows
+
+
+def read_rows(data: DataSection) -> list[dict[str, Any]]:
+    """All rows, after `column_mapping`, at least one; which columns are needed is the caller's business."""
+    path = Path(data.path).expanduser()
+    if path.exists():
+        if path.is_dir():
+            raise TrainerSetupError(f"data.path {path} is a directory; point it at a .jsonl/.json/.parquet file")
+        rows = _read_local(path)
+    elif path.suffix.lower() in LOCAL_SUFFIXES or data.path.startswith((".", "/", "~")):
+        raise TrainerSetupError(f"data.path {data.path}: file not found")
+    else:
+        rows = _load_hub(data)
+    if data.column_mapping:
+        rows = [{data.column_mapping.get(k, k): v for k, v in r.items()} for r in rows]
+    if not rows:
+        raise TrainerSetupError(f"data.path {data.path}: no rows")
+    return rows
+
+
+def _load_hub(data: DataSection) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise TrainerSetupError(
+            f"data.path {data.path!r} is not a local file; loading a Hub data set needs `datasets`: "
+            "pip install 'launchgen[data]' (or point data.path at a .jsonl/.json/.parquet file)"
+        ) from e
+    try:
+        ds = datasets.load_dataset(data.path, name=data.config_name, split=data.split)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainerSetupError(
+            f"data.path {data.path!r} (split {data.split!r}, config_name {data.config_name!r}) could not be loaded: "
+            f"{first}; on offline nodes pre-download it into the shared HF cache"
+        ) from e
+    return [dict(r) for r in ds]
+
+
+def is_conversational(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+
+
+def build_prompt(prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
+    """Prompt text as the model sees it (chat template applied when the tokenizer has one)."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if is_conversational(prompt):
+        if not has_template:
+            raise TrainerSetupError(
+                "data: the prompts are chat messages but the tokenizer has no chat template; use text prompts "
+                "or a model with a chat template"
+            )
+        messages = list(prompt)
+        if system_prompt and not (messages and messages[0].get("role") == "system"):
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    if not isinstance(prompt, str):
+        raise TrainerSetupError(f"data: a prompt must be text or a list of messages, got {type(prompt).__name__}")
+    if has_template:
+        messages = [{"role": "user", "content": prompt}]
+        if system_prompt:
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    return f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+
+
+def tokenize_prompt(text: str, tokenizer: Any, max_prompt_length: int | None) -> list[int]:
+    # Chat templates already carry the special tokens they need; adding BOS again would double it.
+    ids = tokenizer(text, add_special_tokens=getattr(tokenizer, "chat_template", None) is None)["input_ids"]
+    if max_prompt_length is not None and len(ids) > max_prompt_length:
+        ids = ids[-max_prompt_length:]  # keep the end, next to where the completion starts
+    return list(ids)
+
+
+@dataclass
+class PromptSampler:
+    """Seeded order over `n` rows; `(epoch, index)` is the resumable position."""
+
+    n: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    index: int = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        order = self._order(self.epoch)
+        while len(out) < k:
+            if self.index >= self.n:
+                self.epoch += 1
+                self.index = 0
+                order = self._order(self.epoch)
+            take = min(k - len(out), self.n - self.index)
+            out.extend(order[self.index : self.index + take])
+            self.index += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "n": self.n, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("n") != self.n:
+            raise TrainerSetupError(
+                f"resume: the checkpoint was taken over {state.get('n')} prompts, the data now has {self.n}; "
+                "resume with the same data, or set resume: never with a fresh output_dir"
+            )
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])

@@ -1,0 +1,565 @@
+"""Generation from a stock `VLLM_SERVER_DEV_MODE=1 vllm serve` and weight sync over vLLM's transfer engine.
+
+Trainer rank 0 owns the HTTP client and hosts the weight-transfer rendezvous; the other ranks only take part in
+the accelerate collectives (prompt gather, result broadcast) and walk the same named-parameter iterator.
+
+Weight sync (reference sections 2.4, 2.7, 8.4, 8.5), on rank 0:
+
+    POST /start_weight_update                      (vLLM >= 0.21)
+    POST /update_weights {"update_info": ...}  ||  packed broadcast of the same tensors
+    POST /finish_weight_update                     (vLLM >= 0.21)
+    POST /reset_prefix_cache                       (retried while it reports success=false, >= 0.26)
+
+Threads: the broadcast runs on a daemon thread, the blocking `/update_weights` POST on a second daemon thread
+with its own HTTP timeout, and the main thread pulls the named-parameter iterator and supervises both with a
+deadline. The main thread, not the broadcast thread, owns the iterator because under FSDP/ZeRO-3 every `next()`
+is a collective: on any failure rank 0 still drains the iterator so the other ranks' gathers complete, then
+every rank raises the same error (no rank is left hanging in a mismatched collective). A dead or stuck server
+is therefore an error within `weight_sync_timeout`, never a hang; `/finish_weight_update` is attempted
+best-effort after a failure so the next start is not refused.
+
+`update_info` must announce (name, dtype, shape) before the bytes flow. The first sync does not know them yet, so
+it sends one `/update_weights` per packed chunk (memory bounded by one chunk; vLLM accepts several updates inside
+one start/finish session) and records the metadata; later syncs stream the whole model in one call with the
+recorded metadata, checking every tensor against it. vLLM < 0.21 has no start/finish, so there the first sync
+holds the full model once. Every tensor is copied (on its device) as it is pulled: a gathering iterator only
+guarantees a tensor until its next step, and the broadcast reads it later on another thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .protocol import GenerationOutput, SamplingParams
+from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTimeoutError, VLLMVersion
+from .weight_transfer import (
+    DEFAULT_PACKED_BUFFER_SIZE_BYTES,
+    DEFAULT_PACKED_NUM_BUFFERS,
+    TensorMeta,
+    Transport,
+    make_transport,
+    update_info_lists,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import TrainerConfig
+
+logger = logging.getLogger(__name__)
+
+_END = object()
+_ABORT = object()
+_POLL = 0.05
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_group_host(configured: str | None, server_host: str) -> str:
+    """Address the server's workers use to reach trainer rank 0.
+
+    Order: the config's group_host, VLLM_HOST_IP (what vLLM's own get_ip() honours), 127.0.0.1 for a server on
+    this host, else the source address of a route towards the server (the interface that actually reaches it,
+    which vLLM's 8.8.8.8 probe gets wrong on clusters whose default route is not the fabric).
+    """
+    if configured:
+        return configured
+    env = os.environ.get("VLLM_HOST_IP")
+    if env:
+        return env
+    if _is_loopback(server_host):
+        return "127.0.0.1"
+    for target in (server_host, "8.8.8.8"):
+        try:
+            family = socket.AF_INET6 if ":" in target else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((target, 80))  # UDP connect sends nothing; it only picks the route
+                return str(s.getsockname()[0])
+        except OSError:
+            continue
+    raise WeightSyncError(
+        f"cannot work out an address of this trainer node that the vLLM server at {server_host} can reach; "
+        "set generation.vllm_server.group_host (or VLLM_HOST_IP) to this node's fabric IP"
+    )
+
+
+@dataclass
+class _Outcome:
+    error: BaseException | None = None
+    done: bool = False
+
+
+def _run_daemon(
+    name: str, fn: Callable[[], None], wake: threading.Event | None = None
+) -> tuple[threading.Thread, _Outcome]:
+    outcome = _Outcome()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            outcome.error = exc
+        finally:
+            outcome.done = True
+            if wake is not None:
+                wake.set()
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+class VLLMServerBackend:
+    """`GenerationBackend` talking to `vllm serve`; build it with `from_config` on every rank."""
+
+    def __init__(
+        self,
+        accelerator: Any,
+        *,
+        client: VLLMClient | None,
+        transport: Transport | None,
+        num_generations: int,
+        group_host: str | None = None,
+        group_port: int = 51216,
+        health_timeout: float = 240.0,
+        request_timeout: float = 600.0,
+        weight_sync_timeout: float = 1800.0,
+        control_timeout: float = 300.0,
+        packed: bool = True,
+        packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES,
+        packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS,
+    ) -> None:
+        self.accelerator = accelerator
+        self.is_main = bool(getattr(accelerator, "is_main_process", True))
+        if self.is_main and (client is None or transport is None):
+            raise ValueError("the main process needs an HTTP client and a weight transport")
+        self.client = client
+        self.transport = transport
+        self.num_generations = num_generations
+        self.group_host = group_host
+        self.group_port = group_port
+        self.health_timeout = health_timeout
+        self.request_timeout = request_timeout
+        self.weight_sync_timeout = weight_sync_timeout
+        self.control_timeout = control_timeout
+        self.packed = packed
+        self.packed_buffer_size_bytes = packed_buffer_size_bytes
+        self.packed_num_buffers = packed_num_buffers
+        self.model_id: str | None = None
+        self.max_model_len: int | None = None
+        self.server_world_size: int | None = None
+        self.version: VLLMVersion | None = None
+        self._metas: list[TensorMeta] | None = None
+        self._connected = False
+        self._generated_once = False
+        self._closed = False
+        #: Bytes streamed by the last sync, and the seconds spent in /update_weights + broadcast (no start/finish).
+        self.last_sync_bytes = 0
+        self.last_transfer_seconds = 0.0
+        self._deadline = 0.0
+
+    # -- construction -------------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: TrainerConfig, accelerator: Any) -> VLLMServerBackend:
+        s = cfg.generation.vllm_server
+        is_main = bool(getattr(accelerator, "is_main_process", True))
+        client = transport = None
+        if is_main:
+            client = VLLMClient(
+                s.host,
+                s.port,
+                base_url=s.base_url,
+                request_timeout=s.request_timeout,
+                control_timeout=s.control_timeout,
+            )
+            transport = make_transport(None, getattr(accelerator, "device", None))
+        backend = cls(
+            accelerator,
+            client=client,
+            transport=transport,
+            num_generations=int(cfg.num_generations or 1),
+            group_host=s.group_host,
+            group_port=s.group_port,
+            health_timeout=s.health_timeout,
+            request_timeout=s.request_timeout,
+            weight_sync_timeout=s.weight_sync_timeout,
+            control_timeout=s.control_timeout,
+        )
+        backend.connect()
+        return backend
+
+    # -- collectives (single-process shortcuts keep tests and 1-GPU runs free of torch.distributed) -------------
+    def _num_processes(self) -> int:
+        return int(getattr(self.accelerator, "num_processes", 1))
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self._num_processes() == 1:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return list(gather_object([obj]))
+
+    def _broadcast_from_main(self, obj: Any) -> Any:
+        if self._num_processes() == 1:
+            return obj
+        from accelerate.utils import broadcast_object_list
+
+        box = [obj]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
+    def _collective_status(self, error: BaseException | None, what: str) -> None:
+        """Every rank learns rank 0's outcome, so all raise together instead of some hanging in the next collective."""
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        message = self._broadcast_from_main(message)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise WeightSyncError(f"{what} failed on trainer rank 0: {message}")
+
+    # -- init ---------------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Health -> models -> server_info -> world size -> weight-transfer group (rank 0), collectively."""
+        if self._connected:
+            return
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                self._connect_main()
+            except BaseException as exc:
+                error = exc
+        self._collective_status(error, "connecting to the vLLM server")
+        self._connected = True
+
+    def _connect_main(self) -> None:
+        assert self.client is not None and self.transport is not None
+        c = self.client
+        c.wait_for_health(self.health_timeout)
+        self.version = c.server_version()
+        card = c.models()[0]
+        self.model_id = str(card["id"])
+        self.max_model_len = card.get("max_model_len")
+        c.check_weight_transfer_configured()
+        self.server_world_size = c.get_world_size()
+        world_size = self.server_world_size + 1
+        host = resolve_group_host(self.group_host, c.host)
+        init_info: dict[str, Any] = {
+            "master_address": host,
+            "master_port": self.group_port,
+            "rank_offset": 1,
+            "world_size": world_size,
+        }
+        if self.packed and self.version.packed_in_init_info:
+            init_info.update(self._packed_fields())
+        transport = self.transport
+        thread, outcome = _run_daemon(
+            "launchgen-wt-init",
+            lambda: transport.init(host, self.group_port, world_size, self.control_timeout),
+        )
+        try:
+            c.init_weight_transfer_engine(init_info, timeout=self.control_timeout)
+        except VLLMServerError as exc:
+            raise VLLMServerError(
+                f"{exc} (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{self.group_port}; the "
+                "server's workers must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)",
+                endpoint=exc.endpoint,
+                status=exc.status,
+                body=exc.body,
+            ) from exc
+        thread.join(self.control_timeout)
+        if not outcome.done:
+            raise VLLMTimeoutError(
+                f"the server joined the weight-transfer group but trainer rank 0's end on {host}:{self.group_port} "
+                f"did not complete within {self.control_timeout:g} s"
+            )
+        if outcome.error is not None:
+            raise WeightSyncError(
+                f"trainer rank 0 could not host the weight-transfer group on {host}:{self.group_port}: "
+                f"{outcome.error}"
+            ) from outcome.error
+        logger.info(
+            "vLLM %s at %s:%s serves %s (world size %d); weight-transfer group on %s:%d",
+            self.version, c.host, c.port, self.model_id, self.server_world_size, host, self.group_port,
+        )
+
+    def _packed_fields(self) -> dict[str, Any]:
+        return {
+            "packed": True,
+            "packed_buffer_size_bytes": self.packed_buffer_size_bytes,
+            "packed_num_buffers": self.packed_num_buffers,
+        }
+
+    # -- generation ---------------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
+        per_rank: list[list[list[int]]] = self._gather(prompt_ids)
+        payload: tuple[CompletionsResult | None, str | None] = (None, None)
+        if self.is_main:
+            try:
+                payload = (self._generate_main([p for rank in per_rank for p in rank], params), None)
+            except Exception as exc:
+                payload = (None, f"{type(exc).__name__}: {exc}")
+        result, message = self._broadcast_from_main(payload)
+        if message is not None:
+            raise VLLMServerError(f"generation failed on trainer rank 0: {message}")
+        assert result is not None
+        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
+        rows = slice(start, start + len(prompt_ids))
+        return GenerationOutput(
+            prompt_ids=[list(p) for p in result.prompt_ids[rows]],
+            completion_ids=result.completion_ids[rows],
+            logprobs=result.logprobs[rows] if result.logprobs is not None else None,
+            finished=result.finished[rows],
+        )
+
+    def _generate_main(self, all_prompts: list[list[int]], params: SamplingParams) -> CompletionsResult:
+        assert self.client is not None and self.model_id is not None
+        if not self._generated_once:
+            self.client.wait_for_health(self.health_timeout)
+            self._generated_once = True
+        if self.max_model_len is not None:
+            longest = max((len(p) for p in all_prompts), default=0)
+            if longest + params.max_tokens > int(self.max_model_len):
+                raise VLLMServerError(
+                    f"a prompt of {longest} tokens + generation.max_completion_length={params.max_tokens} exceeds the "
+                    f"server's max_model_len={self.max_model_len}: restart `vllm serve` with a larger --max-model-len, "
+                    "or lower data.max_prompt_length / generation.max_completion_length",
+                    endpoint="/v1/completions",
+                )
+        g = self.num_generations
+        grouped = g > 1 and len(all_prompts) % g == 0 and all(
+            all_prompts[i] == all_prompts[i - i % g] for i in range(len(all_prompts))
+        )
+        if grouped:
+            # The sampler repeats each prompt g times consecutively: send each once with n=g (prompt-major back).
+            res = self.client.completions(self.model_id, all_prompts[::g], g, params, timeout=self.request_timeout)
+            res.prompt_ids = [p for p in res.prompt_ids for _ in range(g)]
+            return res
+        return self.client.completions(self.model_id, all_prompts, 1, params, timeout=self.request_timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if self.client is not None:
+            self.client.close()
+
+    # -- weight sync --------------------------------------------------------------------------------------
+    def sync_weights(self, named_params: Iterator[tuple[str, torch.Tensor]]) -> None:
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                self._sync_main(iter(named_params))
+            except BaseException as exc:
+                error = exc
+        else:
+            for _ in named_params:  # join the same gathers as rank 0, in the same order
+                pass
+        self._collective_status(error, "weight sync")
+
+    def _sync_main(self, it: Iterator[tuple[str, torch.Tensor]]) -> None:
+        assert self.client is not None and self.version is not None
+        c = self.client
+        lifecycle = self.version.has_update_lifecycle
+        started = False
+        self.last_sync_bytes = 0
+        self.last_transfer_seconds = 0.0
+        # One budget for the whole sync, however many /update_weights calls the first one needs.
+        self._deadline = time.monotonic() + self.weight_sync_timeout
+        try:
+            if lifecycle:
+                c.start_weight_update()
+                started = True
+            if self._metas is not None:
+                self._transfer(self._metas, _checked(it, self._metas))
+            elif lifecycle and self.packed:
+                self._metas = self._transfer_chunked(it)
+            else:
+                items = [(n, _snapshot(t)) for n, t in it]
+                metas = [TensorMeta.of(n, t) for n, t in items]
+                self._transfer(metas, iter(items))
+                self._metas = metas
+            if lifecycle:
+                c.finish_weight_update()
+                started = False
+            c.reset_prefix_cache()
+        except BaseException:
+            for _ in it:  # finish every collective the other ranks are (or will be) waiting in
+                pass
+            if started:
+                try:
+                    c.finish_weight_update()
+                except Exception as exc:  # best effort: the original error is what matters
+                    logger.warning("best-effort /finish_weight_update after a failed sync also failed: %s", exc)
+            raise
+
+    def _transfer_chunked(self, it: Iterator[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
+        """First sync: one /update_weights per packed chunk; returns the metadata seen."""
+        metas: list[TensorMeta] = []
+        chunk: list[tuple[str, torch.Tensor]] = []
+        total = 0
+        for name, tensor in it:
+            chunk.append((name, _snapshot(tensor)))
+            total += tensor.numel() * tensor.element_size()
+            if total > self.packed_buffer_size_bytes:  # vLLM's rule: the crossing tensor closes the chunk
+                metas += self._send_chunk(chunk)
+                chunk, total = [], 0
+        if chunk:
+            metas += self._send_chunk(chunk)
+        return metas
+
+    def _send_chunk(self, chunk: list[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
+        metas = [TensorMeta.of(n, t) for n, t in chunk]
+        self._transfer(metas, iter(chunk))
+        return metas
+
+    def _update_info(self, metas: list[TensorMeta]) -> dict[str, Any]:
+        assert self.version is not None
+        info: dict[str, Any] = update_info_lists(metas)
+        if self.packed and not self.version.packed_in_init_info:
+            info.update(self._packed_fields())
+        return info
+
+    def _transfer(self, metas: list[TensorMeta], items: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """One /update_weights (HTTP thread) || one broadcast stream (sender thread), fed by this thread."""
+        assert self.client is not None and self.transport is not None
+        client, transport = self.client, self.transport
+        update_info = self._update_info(metas)
+        started = time.monotonic()
+        deadline = self._deadline
+        q: queue.Queue[Any] = queue.Queue(maxsize=4)
+        wake = threading.Event()  # set by either helper thread when it ends, so the wait below has no poll latency
+
+        def feed() -> Iterator[tuple[str, torch.Tensor]]:
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                if item is _ABORT:
+                    raise WeightSyncError("weight transfer aborted by the main thread")
+                name, tensor, event = item
+                if event is not None:
+                    import torch
+
+                    # The tensor was produced on the main thread's stream; the sender may use another one.
+                    stream = torch.cuda.current_stream()
+                    stream.wait_event(event)
+                    tensor.record_stream(stream)
+                self.last_sync_bytes += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        _, sent = _run_daemon(
+            "launchgen-wt-send",
+            lambda: transport.send(
+                feed(),
+                packed=self.packed,
+                buffer_size_bytes=self.packed_buffer_size_bytes,
+                num_buffers=self.packed_num_buffers,
+            ),
+            wake,
+        )
+        _, answered = _run_daemon(
+            "launchgen-wt-http",
+            lambda: client.update_weights(update_info, timeout=max(deadline - time.monotonic(), 1.0)),
+            wake,
+        )
+
+        def check() -> None:
+            if answered.error is not None:
+                raise answered.error
+            if sent.error is not None:
+                raise WeightSyncError(f"weight broadcast failed: {sent.error}") from sent.error
+            if time.monotonic() > deadline:
+                raise VLLMTimeoutError(
+                    f"weight update to {client.where} did not finish within weight_sync_timeout="
+                    f"{self.weight_sync_timeout:g} s (server {'answered' if answered.done else 'has not answered'}, "
+                    f"broadcast {'done' if sent.done else 'still running'})",
+                    endpoint="/update_weights",
+                )
+
+        def put(item: Any) -> None:
+            while True:
+                check()
+                try:
+                    q.put(item, timeout=_POLL)
+                    return
+                except queue.Full:
+                    continue
+
+        try:
+            for name, tensor in items:
+                put((name, tensor, _record_event(tensor)))
+            put(_END)
+            while True:
+                wake.clear()  # before the check: a thread ending after it sets the event again
+                check()
+                if sent.done and answered.done:
+                    self.last_transfer_seconds += time.monotonic() - started
+                    break
+                wake.wait(max(min(deadline - time.monotonic(), 1.0), 0.0))
+        except BaseException:
+            with contextlib.suppress(queue.Full):
+                q.put_nowait(_ABORT)
+            raise
+
+
+def _snapshot(tensor: torch.Tensor) -> torch.Tensor:
+    """A private contiguous copy, taken before the iterator is advanced again.
+
+    Gathering iterators only promise a tensor until their next step: ZeRO-3 re-partitions the parameter when its
+    GatheredParameters context exits, FSDP1 frees everything when summon_full_params ends. The broadcast runs later
+    on another thread, so it must never read the iterator's own storage. A device-local copy costs far less than
+    the transfer itself and is bounded by one chunk plus the hand-off queue.
+    """
+    import torch
+
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _record_event(tensor: torch.Tensor) -> Any:
+    if not tensor.is_cuda:
+        return None
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensor.device))
+    return event
+
+
+def _checked(it: Iterable[tuple[str, torch.Tensor]], metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream the iterator, refusing any tensor that differs from the metadata announced to the server."""
+    count = 0
+    for i, (name, tensor) in enumerate(it):
+        got = TensorMeta.of(name, tensor)
+        if i >= len(metas) or got != metas[i]:
+            want = metas[i] if i < len(metas) else "nothing (end of the announced list)"
+            raise WeightSyncError(
+                f"parameter #{i} is {got}, but the server was told to expect {want}: the model's named "
+                "parameters changed between weight syncs (the stream cannot be re-synchronised; restart the run)"
+            )
+        count += 1
+        yield name, _snapshot(tensor)
+    if count != len(metas):
+        raise WeightSyncError(f"the model yielded {count} parameters, {len(metas)} were announced to the server")

@@ -1,0 +1,26 @@
+"""Online DPO: `python -m launchgen.trainers.online_dpo --config run.yaml` (alone, under `accelerate launch`, or in
+scripts).
+
+The config is `launchgen.trainers.config.TrainerConfig` with `trainer: online_dpo`; semantics are TRL 1.16's
+experimental OnlineDPOTrainer with reward functions (2 completions per prompt, the higher-reward one chosen, DPO
+loss against a frozen reference loaded from the same path; see docs/trainers.md and
+`launchgen.trainers.algorithms.online_dpo`). It runs on the online-RL core, so backends, weight sync, checkpoints,
+signals and metrics are GRPO's. Exit codes:
+
+* 0  finished `max_steps` (final checkpoint and, with `save_final_model`, `output_dir/final` written)
+* 2  config or setup error (one line on stderr naming the field and the fix; no traceback)
+* 75 stopped on SIGUSR2/SIGTERM after writing a checkpoint: requeue; the next run resumes from it
+* 1  anything else (a crash, with its traceback)
+"""
+
+from __future__ import annotations
+
+from launchgen.trainers.core import entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    return entry(argv, "online_dpo")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
