@@ -171,8 +171,10 @@ class VLLMSpec(_Section):
     data_parallel_size: int = Field(default=1, ge=1, description="`--data-parallel-size` (discouraged for dense models).")
     port: int = Field(default=8000, description="HTTP port of the server.")
     group_port: int = Field(
-        default=51216,
-        description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous; server workers connect to it.",
+        default=29551,
+        description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous; server workers connect to it. "
+        "TRL's default 51216 lies in the Linux ephemeral range (32768-60999), where an outgoing connection can "
+        "already hold it; 29551 sits beside the other launchgen ports, below that range.",
     )
     dp_rpc_port: int = Field(default=29550, description="`--data-parallel-rpc-port` when DP spans several nodes.")
     bind: str = Field(

@@ -22,11 +22,12 @@ ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
 
 Precision = Literal["bf16", "fp16", "fp32"]
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "sigmoid", "ipo"]
-GRPO_LOSS_TYPES = frozenset({"grpo", "dapo", "dr_grpo", "bnpo"})
 DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
+ReportTarget = Literal["jsonl", "tensorboard"]
+_DEFAULT_REPORT_TO: tuple[ReportTarget, ...] = ("jsonl", "tensorboard")
 
 #: Built-in attention implementations transformers accepts by name.
 BUILTIN_ATTN = frozenset(
@@ -224,7 +225,7 @@ class TrainerConfig(_Strict):
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
     logging_steps: int = Field(default=1, ge=1)
-    report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
+    report_to: list[ReportTarget] = Field(default_factory=lambda: list(_DEFAULT_REPORT_TO))
     resume: Literal["auto", "never"] = Field(default="auto", description="Resume from the newest checkpoint in output_dir.")
 
     @model_validator(mode="after")

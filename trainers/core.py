@@ -17,8 +17,8 @@ rank); the plain-generate backend shares the policy and skips it.
 Online DPO (`trainer: online_dpo`) runs on the same loop with num_generations = 2: the pair's rows are reordered
 chosen-first at generation time, shuffled as pairs (so a pair never spans micro-batches) and scored at temperature 1
 as TRL does; the reference model is always loaded. `launchgen.trainers.supervised` reuses the loop for SFT through
-the `validate_config` / `load_inputs` / `needs_reference` / `make_generation_backend` / `generate_batch` /
-`micro_loss` methods.
+the `validate_config` / `load_inputs` / `after_tokenizer` / `needs_reference` / `make_generation_backend` /
+`generate_batch` / `micro_loss` methods.
 """
 
 from __future__ import annotations
@@ -780,6 +780,8 @@ class OnlineRLTrainer:
                 if bar is not None:
                     if "reward" in step_metrics:
                         bar.set_postfix(reward=f"{step_metrics['reward']:.3f}", loss=f"{step_metrics['loss']:.4g}", refresh=False)
+                    elif cfg.trainer == "sft":
+                        bar.set_postfix(loss=f"{step_metrics['loss']:.4g}", refresh=False)
                     bar.update(1)
                 if cfg.save_steps and self.global_step % cfg.save_steps == 0 and self.global_step < cfg.max_steps:
                     self.save()

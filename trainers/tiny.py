@@ -87,6 +87,7 @@ def build_tiny_model(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
+    model: Qwen2ForCausalLM | LlamaForCausalLM
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif arch == "llama":

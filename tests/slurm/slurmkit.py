@@ -144,6 +144,13 @@ class Job:
             return []
         return [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
 
+    def wait(self, timeout: float) -> dict[str, str]:
+        """Wait for the job to finish; on timeout the failure shows the job's logs (a hang is a finding)."""
+        try:
+            return wait_finished(self.id, timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.describe()}") from None
+
     def describe(self) -> str:
         """Everything a failing assertion should show: scheduler view, batch log, every role log's tail."""
         parts = [f"job {self.id}: {job(self.id)}", f"--- batch log\n{self.batch_log()[-6000:]}"]

@@ -196,11 +196,16 @@ def test_happy_path(cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_m
                     layout=layout)
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 150)  # ~45 s here; a hang must not eat the suite's budget
+    rec = j.wait(150)  # 20-45 s here; a hang must not eat the suite's budget
     assert state(rec) == "COMPLETED" and exit_code(rec) == (0, 0), j.describe()
 
-    # training ran every step once, with the real trainer
+    # training ran every step once, with the real trainer, as ONE process group over all trainer nodes
     assert [m["step"] for m in j.metrics()] == [1, 2, 3], j.describe()
+    state_file = j.job_dir / "trainer" / "checkpoint-3" / "trainer_state.json"
+    world = json.loads(state_file.read_text())["num_processes"] if state_file.is_file() else None
+    assert world == (1 if layout == "single" else 2), (
+        f"the trainer ran with {world} process(es) in its group; each trainer node must join one group "
+        "(multi-node CPU needs RANK/WORLD_SIZE/LOCAL_RANK from the rendered step)\n" + j.describe())
     # the server was stopped within seconds of training ending, not at the time limit
     trainer_end = _event(j, "trainer_exit")
     assert trainer_end is not None, j.describe()
@@ -238,7 +243,7 @@ def test_server_crash_at_start_fails_fast(cluster: Cluster, work: Path, jobs: li
                     server_env={"LAUNCHGEN_STANDIN_CRASH_AT_START": "1"}, health_timeout=300, max_steps=50)
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 90)
+    rec = j.wait(90)
     assert state(rec) == "FAILED" and exit_code(rec)[0] != 0, j.describe()
     # within seconds of the server's death, not after the 300 s health timeout
     assert _elapsed(rec) <= 30, f"job took {_elapsed(rec):.0f}s to notice the dead server\n{j.describe()}"
@@ -259,7 +264,7 @@ def test_health_timeout(cluster: Cluster, work: Path, jobs: list[Job], shared_ti
                     server_env={"LAUNCHGEN_STANDIN_NEVER_HEALTHY": "1"}, health_timeout=timeout, max_steps=50)
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 120)
+    rec = j.wait(120)
     assert state(rec) == "FAILED" and exit_code(rec)[0] != 0, j.describe()
     el = _elapsed(rec)
     assert timeout - 1 <= el <= timeout + 20, f"failed after {el:.0f}s, health timeout {timeout}s\n{j.describe()}"
@@ -280,7 +285,7 @@ def test_server_dies_mid_training(cluster: Cluster, work: Path, jobs: list[Job],
                     server_env={"LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS": "3"}, max_steps=200)
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 180)
+    rec = j.wait(180)
     assert state(rec) == "FAILED" and exit_code(rec)[0] != 0, j.describe()
     steps = [m["step"] for m in j.metrics()]
     assert steps and max(steps) < 200, f"trainer did not run, or ran past the server's death: {steps}"
@@ -301,7 +306,7 @@ def test_trainer_crash_tears_down_server(cluster: Cluster, work: Path, jobs: lis
                     trainer_env={"SLURMTEST_CRASH_AT_CALL": "2", "SLURMTEST_CRASH_CODE": "3"})
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 180)
+    rec = j.wait(180)
     crashed = _event(j, "trainer_exit")
     assert crashed is not None, j.describe()
     # the server is torn down at once (TERM; the stand-in exits in well under the grace)
@@ -343,7 +348,7 @@ def test_scancel_leaves_nothing(cluster: Cluster, work: Path, jobs: list[Job], s
 
     t0 = time.monotonic()
     sh(["scancel", j.id])
-    rec = wait_finished(j.id, 60)
+    rec = j.wait(60)
     assert state(rec) == "CANCELLED", j.describe()
     assert_no_survivors(cluster, j, within=15)
     assert time.monotonic() - t0 < 45
@@ -400,7 +405,7 @@ def test_pre_timeout_signal_checkpoints_requeues_and_resumes(cluster: Cluster, w
     rec = _release_requeued(cluster, j, "10")
     # signal.log says how many trainer processes the job's signal step reached (their pid files)
     assert int(rec.get("Restarts", "0")) == 1, "USR2 did not lead to a requeue\n" + j.describe()
-    rec = wait_finished(j.id, 240)
+    rec = j.wait(240)
     assert state(rec) == "COMPLETED" and exit_code(rec) == (0, 0), j.describe()
     assert int(rec.get("Restarts", "0")) == 1
     # attempt 0 checkpointed on USR2 and attempt 1 resumed from it: every step exactly once
@@ -432,7 +437,7 @@ def test_requeue_cap_from_restart_count(cluster: Cluster, work: Path, jobs: list
         sh(["scancel", "--signal=USR2", "--batch", j.id])
         if attempt == 0:
             _release_requeued(cluster, j, "10")
-    rec = wait_finished(j.id, 120)
+    rec = j.wait(120)
     assert int(rec.get("Restarts", "0")) == 1, f"requeued {rec.get('Restarts')} times, cap 1\n{j.describe()}"
     assert state(rec) != "COMPLETED" or not (j.job_dir / "trainer" / "launchgen-complete.json").exists()
     ev1 = " | ".join(e for _, e in _events(j, 1))
@@ -459,7 +464,7 @@ def test_two_jobs_same_node_no_port_collision(cluster: Cluster, work: Path, jobs
     wait_for("both jobs running at once on one node",
              lambda: all(state(job(x.id)) == "RUNNING" for x in both) or any(
                  state(job(x.id)) in ("FAILED", "COMPLETED", "CANCELLED") for x in both), 60)
-    recs = [wait_finished(x.id, 240) for x in both]
+    recs = [x.wait(240) for x in both]
     for x, r in zip(both, recs, strict=True):
         assert state(r) == "COMPLETED" and exit_code(r) == (0, 0), x.describe()
         assert r["NodeList"] == node
@@ -485,7 +490,7 @@ def test_startup_overlaps(cluster: Cluster, work: Path, jobs: list[Job], shared_
                     trainer_env={"FAKE_TRAINER_LOAD_S": str(t_load), "FAKE_TRAINER_STEP_S": "0.1"})
     j = run_job(cluster, spec, work)
     jobs.append(j)
-    rec = wait_finished(j.id, 120)
+    rec = j.wait(120)
     assert state(rec) == "COMPLETED", j.describe()
     start = _event(j, "start")
     assert start is not None, j.describe()

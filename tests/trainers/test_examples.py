@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+pytest.importorskip("accelerate")
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPECS = sorted(EXAMPLES.glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Iterator[None]:
+    """The examples run in bf16; accelerate's process-wide state must not leak into (or in from) fp32 tests."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
 
 
 def _plan(text: str, name: str) -> Any:

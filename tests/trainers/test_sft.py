@@ -251,3 +251,49 @@ def test_cli_two_steps_and_config_errors(tmp_path: Path, tiny_model_dir: Path, c
         err = capsys.readouterr().err
         lines = [x for x in err.splitlines() if x.startswith("error:")]
         assert len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["sft", "online_dpo"])
+def test_accelerate_launch_two_processes(tmp_path: Path, tiny_model_dir: Path, trainer: str) -> None:
+    """Two CPU (gloo) processes: the token-normalised SFT loss and the pair-aligned DPO batches under DDP."""
+    import shutil
+
+    import yaml
+
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate CLI not on PATH")
+    here = Path(__file__).parent
+    if trainer == "sft":
+        data = tmp_path / "varied.jsonl"  # unequal trained-token counts: a per-rank mean would differ from the global one
+        data.write_text("\n".join(json.dumps({"prompt": f"Q{i}:", "completion": " yes" * (1 + 3 * i)}) for i in range(8)))
+        cfg = _cfg(tmp_path, tiny_model_dir, data, "ddp", max_steps=2, per_device_train_batch_size=2,
+                   gradient_accumulation_steps=2, save_steps=1)
+    else:
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text("\n".join(json.dumps({"prompt": f"Say {i}"}) for i in range(8)) + "\n")
+        cfg = _cfg(tmp_path, tiny_model_dir, prompts, "ddp", trainer="online_dpo", max_steps=2,
+                   per_device_train_batch_size=4, save_steps=1, rewards=[{"name": "toy_rewards:target_fraction"}],
+                   generation={"max_completion_length": 4})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+               TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        ["accelerate", "launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no",
+         "--dynamo_backend", "no", "-m", f"launchgen.trainers.{trainer}", "--config", str(path)],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ms = _metrics(tmp_path / "ddp")
+    assert [m["step"] for m in ms] == [1, 2]
+    ck = tmp_path / "ddp" / "checkpoint-2"
+    assert (ck / "random_states_0.pkl").is_file() and (ck / "random_states_1.pkl").is_file()
+    if trainer == "sft":
+        # the same 8 examples per step in one process: the loss is the token mean over all of them either way
+        single = dict(cfg, output_dir=str(tmp_path / "single"), per_device_train_batch_size=4)
+        assert _run(single) == 0
+        for a, b in zip(ms, _metrics(tmp_path / "single"), strict=True):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+            assert a["num_tokens"] == b["num_tokens"]

@@ -15,46 +15,20 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
+from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data
+
 HERE = Path(__file__).parent
 
 
-def _data(tmp_path: Path) -> Path:
-    p = tmp_path / "prompts.jsonl"
-    p.write_text("\n".join(json.dumps({"prompt": f"Say {i} and 7", "answer": "7"}) for i in range(16)) + "\n")
-    return p
+_data = toy_data
+_metrics = read_metrics
+_run_inprocess = run_cfg
 
 
 def _cfg(tmp_path: Path, model: Path, out: str, **over: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "trainer": "grpo",
-        "output_dir": str(tmp_path / out),
-        "precision": "fp32",
-        "model": {"name_or_path": str(model)},
-        "data": {"path": str(_data(tmp_path))},
-        "rewards": [{"name": "toy_rewards:target_fraction"}],
-        "generation": {"max_completion_length": 6},
-        "num_generations": 8,
-        "per_device_train_batch_size": 16,
-        "learning_rate": 0.02,
-        "lr_scheduler_type": "constant",
-        "max_steps": 12,
-        "save_steps": 0,
-        "report_to": ["jsonl"],
-        "save_final_model": False,
-    }
-    cfg.update(over)
-    return cfg
+    return toy_cfg(tmp_path, model, out, "grpo", **{"num_generations": 8, **over})
 
 
-def _metrics(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _run_inprocess(cfg: dict[str, Any]) -> int:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.core import run
-
-    return run(TrainerConfig.model_validate(cfg))
 
 
 @pytest.mark.parametrize("trainer,extra", [("grpo", {}), ("rloo", {"beta": 0.0})])

@@ -60,6 +60,12 @@ def _ensure_master_addr_port() -> None:
     """external_launcher reads env://; keep accelerate's values, fill in the gaps as TRL does."""
     os.environ.setdefault("MASTER_ADDR", "localhost")
     if os.environ.get("MASTER_PORT", "0") in ("", "0", "auto"):
+        # The rendered scripts reserve this port in the plan (train.colocate_master_port, checked for collisions);
+        # a free port is the fallback for hand-run trainers, as in TRL.
+        planned = os.environ.get("LAUNCHGEN_COLOCATE_MASTER_PORT", "")
+        if planned.isdigit():
+            os.environ["MASTER_PORT"] = planned
+            return
         with socket.socket() as s:
             s.bind(("", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
