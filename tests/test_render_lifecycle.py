@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,9 +25,18 @@ FAKES = Path(__file__).parent / "fakes" / "lifecycle_bin"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port low enough that the job-id offset (up to MAX_PORT_OFFSET) keeps it valid: the kernel's own
+    pick comes from the ephemeral range, where base + offset can pass 65535."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 65535 - MAX_PORT_OFFSET - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-55000")
 
 
 def _spec(health_timeout: int = 30, max_steps: int = 5, extra_train: str = "") -> str:
