@@ -101,7 +101,7 @@ _run = run_cfg
 
 
 def _cfg(tmp_path: Path, model: Path, out: str, **over: Any) -> dict[str, Any]:
-    return toy_cfg(tmp_path, model, out, "online_dpo", **over)
+    return toy_cfg(tmp_path, model, out, **{"trainer": "online_dpo", **over})
 
 
 

@@ -26,7 +26,7 @@ _run_inprocess = run_cfg
 
 
 def _cfg(tmp_path: Path, model: Path, out: str, **over: Any) -> dict[str, Any]:
-    return toy_cfg(tmp_path, model, out, "grpo", **{"num_generations": 8, **over})
+    return toy_cfg(tmp_path, model, out, **{"trainer": "grpo", "num_generations": 8, **over})
 
 
 
