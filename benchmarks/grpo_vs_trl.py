@@ -364,12 +364,15 @@ def run_trl(model_dir: Path, shape: Shape, prompts: list[str], a: argparse.Names
 # -------------------------------------------------------------------------------------------- launchgen
 
 
-def launchgen_config(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Namespace, workdir: Path) -> Any:
+def launchgen_config(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Namespace, workdir: Path,
+                     overrides: list[str] | None = None) -> Any:
+    """The launchgen equivalent of `run_trl`'s GRPOConfig; `overrides` (`dotted.key=value`, as `--set` in the
+    rendered scripts) are launchgen-only knobs of a variant (compile, passes, chunk sizes), never the algorithm's."""
     import torch
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.config import TrainerConfig, apply_override
 
     cuda = torch.cuda.is_available()
-    return TrainerConfig.model_validate({
+    data: dict[str, Any] = {
         "trainer": "grpo",
         "output_dir": str(workdir / "launchgen"),
         "seed": a.seed,
@@ -396,7 +399,10 @@ def launchgen_config(model_dir: Path, shape: Shape, data_path: Path, a: argparse
         "report_to": ["jsonl"],
         "resume": "never",
         "logging_steps": 1,
-    })
+    }
+    for item in overrides or []:
+        apply_override(data, item)
+    return TrainerConfig.model_validate(data)
 
 
 class FixedBackend:
@@ -421,7 +427,7 @@ class FixedBackend:
 
 
 def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Namespace, workdir: Path,
-                  fixed: list[list[int]] | None) -> dict[str, Any]:
+                  fixed: list[list[int]] | None, overrides: list[str] | None = None) -> dict[str, Any]:
     """Drive launchgen's own loop (`core.OnlineRLTrainer.setup()` + `.train()`), with FastGenerateBackend as the
     generation backend (or the fixed-completion stub), through the loop's backend factory."""
     import torch
@@ -431,7 +437,7 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
     cuda = torch.cuda.is_available()
     clock = Clock(cuda)
     times = StepTimes()
-    cfg = launchgen_config(model_dir, shape, data_path, a, workdir)
+    cfg = launchgen_config(model_dir, shape, data_path, a, workdir, overrides)
 
     def count(r: Any) -> tuple[int, int]:
         return sum(len(c) for c in r.completion_ids), max((len(c) for c in r.completion_ids), default=0)
@@ -470,9 +476,12 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
     finally:
         trainer.close()
     res = summarize(times, a.warmup)
+    res["compiled_layers"] = bool(getattr(trainer, "compiled", False))
+    res["overrides"] = list(overrides or [])
     if isinstance(backend, FastGenerateBackend):
         res["cuda_graphs"] = backend.use_cuda_graphs
         res["graph_captures"] = backend.graph_captures
+        res["decode_path"] = getattr(backend, "decode_path", "modules")
     del trainer, backend
     return res
 
@@ -607,7 +616,7 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
             continue
         other = by.get((r["config"], r["mode"], "trl"))
         speed = mem = ""
-        if r["trainer"] == "launchgen" and other:
+        if r["trainer"].startswith("launchgen") and other:
             speed = f"{other['step_s'] / r['step_s']:.2f}x"
             if other["peak_mem_gib"] > 0:
                 mem = f"{r['peak_mem_gib'] / other['peak_mem_gib']:.2f}"
@@ -632,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="full,train,gen", help="full GRPO steps, training phase alone, generation micro")
     p.add_argument("--trainers", default="launchgen,trl")
+    p.add_argument("--lg-variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE]",
+                   help="run launchgen once more per variant with these config overrides (repeatable), e.g. "
+                        "'lean:max_tokens_per_forward=4096;model.logits_chunk_mib=64'; shown as launchgen[LABEL]")
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
                    help="for both trainers (on is TRL 1.16's GRPOConfig default)")
     p.add_argument("--gen-configs", default=None, help="configs that get the generation micro-benchmark (default: all)")
@@ -656,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     gen_rows: list[dict[str, Any]] = []
     modes = a.modes.split(",")
     trainers = a.trainers.split(",")
+    variants: dict[str, list[str]] = {}
+    for v in a.lg_variant:
+        label, _, spec = v.partition(":")
+        variants[f"launchgen[{label}]"] = [x for x in spec.split(";") if x]
+    trainers += list(variants)
     flip = False
     for ci in [int(x) for x in a.configs.split(",")]:
         shape = CONFIGS[ci]
@@ -678,7 +695,8 @@ def main(argv: list[str] | None = None) -> int:
                         if trainer == "trl":
                             row.update(run_trl(model_dir, shape, prompts, a, work / f"c{ci}-{mode}", fx))
                         else:
-                            row.update(run_launchgen(model_dir, shape, data_path, a, work / f"c{ci}-{mode}", fx))
+                            row.update(run_launchgen(model_dir, shape, data_path, a, work / f"c{ci}-{mode}", fx,
+                                                     variants.get(trainer)))
                 except Exception as e:  # one failing run must not lose the others' numbers
                     row["error"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()

@@ -235,7 +235,10 @@ class TrainSpec(_Section):
         description="Built-in (`sdpa`, `eager`, `flash_attention_2`, ...) or a Hub kernel `org/repo[@revision]` "
         "(pin a revision: unpinned builds change under you).",
     )
-    use_liger_kernel: bool = Field(default=False, description="Liger fused ops and fused linear GRPO loss.")
+    use_liger_kernel: bool = Field(
+        default=False,
+        description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
+    )
     gradient_checkpointing: bool = Field(default=False)
     cuda_version: str | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."

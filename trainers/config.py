@@ -55,7 +55,25 @@ class ModelSection(_Strict):
     use_liger_kernel: bool = Field(
         default=False, description="Patch the model with Liger ops and use Liger's fused linear GRPO loss."
     )
+    liger_grpo_loss: bool = Field(
+        default=False,
+        description="With use_liger_kernel: compute the GRPO loss with Liger's fused linear GRPO loss instead of the "
+        "trainer's chunked log-prob head (TRL 1.16 also uses a chunked head; Liger's walks the batch one sequence at "
+        "a time and is ~4x slower at 151k vocab).",
+    )
     gradient_checkpointing: bool = Field(default=False, description="Trade compute for activation memory.")
+    logits_chunk_mib: int = Field(
+        default=256, ge=1,
+        description="fp32 logits per chunk of the log-prob head (the vocab x length logits are never whole; each chunk "
+        "is recomputed in backward). Smaller lowers peak memory at large vocabularies, at the cost of reading the LM "
+        "head weight once more per chunk.",
+    )
+    compile: bool | Literal["auto"] = Field(
+        default="auto",
+        description="torch.compile each decoder layer (one compiled graph shared by all layers; fuses norms, RoPE, "
+        "SwiGLU and residual adds) and the log-prob head's tile math. `auto` on CUDA: the head always, the layers for "
+        "a single process or DDP without Liger (its kernels are already fused); the first step pays the compile.",
+    )
 
     @model_validator(mode="after")
     def _attn_syntax(self) -> ModelSection:
@@ -147,6 +165,11 @@ class GenerationSection(_Strict):
         "unsharded weights, else generate).",
     )
     max_completion_length: int = Field(default=256, ge=1, description="Max new tokens per completion.")
+    keep_kv_cache: bool = Field(
+        default=True,
+        description="`hf` backend, static_cache engine: keep the KV cache and captured CUDA graphs between generation "
+        "calls (fastest); false frees them before training and recaptures next call (a few ms per length bucket).",
+    )
     temperature: float = Field(
         default=1.0, gt=0, description="Sampling temperature; online_dpo uses 0.9 (TRL's OnlineDPOConfig) when unset."
     )
@@ -207,6 +230,12 @@ class TrainerConfig(_Strict):
         description="Completions per device per micro-batch (online_dpo: even, 2 per prompt; sft: sequences).",
     )
     gradient_accumulation_steps: int = Field(default=1, ge=1)
+    max_tokens_per_forward: int | None = Field(
+        default=None, ge=1,
+        description="Split each micro-batch into forward/backward passes of at most this many tokens (rows x padded "
+        "length; at least one row, online_dpo one pair). The gradient is the micro-batch's (same loss normalisation), "
+        "only activation memory shrinks. null: the whole micro-batch in one pass, as TRL.",
+    )
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run.")
 

@@ -29,7 +29,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,30 +163,65 @@ def _pad(rows: Sequence[Sequence[float]], value: float, left: bool, dtype: torch
     return out
 
 
+Stat = float | torch.Tensor
+
+
+def _detached(value: Stat) -> Stat:
+    return value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else value
+
+
+def _extreme(prev: Stat | None, value: Stat, take_min: bool) -> Stat | None:
+    """NaN-ignoring running min/max; device tensors stay on the device (no host sync per micro-batch)."""
+    if isinstance(value, torch.Tensor):
+        v = value.detach().to(torch.float64).reshape(())
+        v = torch.where(torch.isfinite(v), v, torch.full_like(v, math.nan))
+        if prev is None:
+            return v
+        p = torch.as_tensor(prev, dtype=torch.float64, device=v.device)
+        return torch.fmin(p, v) if take_min else torch.fmax(p, v)
+    if math.isnan(value) or math.isinf(value):
+        return prev
+    if prev is None:
+        return value
+    if isinstance(prev, torch.Tensor):
+        return _extreme(value, prev, take_min)
+    return min(prev, value) if take_min else max(prev, value)
+
+
 @dataclass
 class StepStats:
-    """Per-optimizer-step accumulators (local), reduced over processes when logged."""
+    """Per-optimizer-step accumulators (local), reduced over processes when logged.
 
-    loss: float = 0.0
-    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    mins: dict[str, float] = field(default_factory=dict)
-    maxs: dict[str, float] = field(default_factory=dict)
+    Values may be device tensors: they are summed on the device and read back once per optimizer step in
+    `_reduce_step`, so a micro-batch (or a `max_tokens_per_forward` pass) costs no host round trip.
+    """
 
-    def add(self, key: str, value: float) -> None:
-        self.sums[key] += value
+    loss: Stat = 0.0
+    sums: dict[str, Stat] = field(default_factory=dict)
+    mins: dict[str, Stat] = field(default_factory=dict)
+    maxs: dict[str, Stat] = field(default_factory=dict)
 
-    def add_mean(self, name: str, total: float, count: float) -> None:
+    def add(self, key: str, value: Stat) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + _detached(value)
+
+    def add_mean(self, name: str, total: Stat, count: Stat) -> None:
         """Logged as `name` = sum of totals / sum of counts over the step's micro-batches and all processes."""
-        self.sums[f"mean:{name}:sum"] += total
-        self.sums[f"mean:{name}:n"] += count
+        self.add(f"mean:{name}:sum", total)
+        self.add(f"mean:{name}:n", count)
 
-    def min(self, key: str, value: float) -> None:
-        if not math.isnan(value):
-            self.mins[key] = min(self.mins.get(key, math.inf), value)
+    def min(self, key: str, value: Stat) -> None:
+        r = _extreme(self.mins.get(key), value, take_min=True)
+        if r is not None:
+            self.mins[key] = r
 
-    def max(self, key: str, value: float) -> None:
-        if not math.isnan(value):
-            self.maxs[key] = max(self.maxs.get(key, -math.inf), value)
+    def max(self, key: str, value: Stat) -> None:
+        r = _extreme(self.maxs.get(key), value, take_min=False)
+        if r is not None:
+            self.maxs[key] = r
+
+
+def _as_f64(value: Stat, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=torch.float64).to(device).reshape(())
 
 
 class OnlineRLTrainer:
@@ -214,6 +249,12 @@ class OnlineRLTrainer:
             )
         acc = self.accelerator
         self.validate_config(acc.num_processes)
+        if cfg.max_tokens_per_forward is not None and acc.distributed_type == DistributedType.DEEPSPEED:
+            raise TrainerSetupError(
+                "max_tokens_per_forward is not supported under DeepSpeed: its engine counts every backward as a "
+                "gradient-accumulation step; set it to null and lower per_device_train_batch_size (raising "
+                "gradient_accumulation_steps) instead"
+            )
         set_seed(cfg.seed, device_specific=True)
 
         self.G = int(cfg.num_generations or 2)
@@ -231,7 +272,7 @@ class OnlineRLTrainer:
         self.logp_temperature = 1.0 if self.is_dpo else cfg.generation.temperature
         isc = cfg.generation.importance_sampling
         self.use_is = self.is_grpo and cfg.generation.backend != "hf" and isc.enabled
-        self.use_liger = cfg.model.use_liger_kernel and self.is_grpo
+        self.use_liger = cfg.model.use_liger_kernel and cfg.model.liger_grpo_loss and self.is_grpo
         self.keep_old = needs_old_logps(cfg.trainer, self.use_is, self.ga, self.spg, cfg.num_iterations)
 
         # Cheap, user-fixable inputs first, so their errors do not wait for a large model to load.
@@ -239,15 +280,25 @@ class OnlineRLTrainer:
 
         self.tokenizer = modeling.load_tokenizer(cfg)
         self.after_tokenizer()
-        model = modeling.load_model(cfg, trainable=True)
-        ref = modeling.load_model(cfg, trainable=False) if self.needs_reference() else None
+        plan = modeling.resolve_compile(cfg, acc.device.type, str(acc.distributed_type.value))
+        self.compiled = plan.layers  # generation must then run the layers eagerly
+        model = modeling.load_model(cfg, trainable=True, compile=plan)
+        ref = (modeling.load_model(cfg, trainable=False, compile=plan)
+               if self.needs_reference() else None)
+        # The fused CUDA kernel (TRL's default optimizer, `adamw_torch_fused`) updates every tensor in one pass with
+        # no temporaries; the foreach path materialises sqrt(v) etc. for all parameters at once (~2x the parameter
+        # bytes of extra peak memory at the step). Sharded parameters keep the foreach path.
+        fused = acc.device.type == "cuda" and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU)
         opt = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_epsilon,
             weight_decay=cfg.weight_decay,
+            fused=True if fused else None,
         )
+        if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            modeling.get_logp_head(model).fused = False
         self.model, self.optimizer = acc.prepare(model, opt)
         # Not prepared: accelerate's scheduler wrapper steps num_processes times per call; registered for save/load.
         self.scheduler = get_scheduler(
@@ -363,14 +414,27 @@ class OnlineRLTrainer:
             extra=dict(g.generation_kwargs),
         )
 
+    def _generation_context(self) -> AbstractContextManager[Any]:
+        from launchgen.trainers.modeling import eager_layers
+
+        return eager_layers() if self.compiled else nullcontext()
+
+    def rows_per_pass(self, width: int, rows: int) -> int:
+        """Rows of `width` tokens one forward pass may take under `max_tokens_per_forward` (at least one)."""
+        limit = self.cfg.max_tokens_per_forward
+        if limit is None:
+            return rows
+        return max(1, min(rows, limit // max(1, width)))
+
     @torch.no_grad()
     def _batched_logps(self, model: Any, t: dict[str, torch.Tensor]) -> torch.Tensor:
         from launchgen.trainers.modeling import per_token_logps
 
         outs = []
         n = t["prompt_ids"].size(0)
-        for s in range(0, n, self.B):
-            sl = slice(s, s + self.B)
+        step = self.rows_per_pass(t["prompt_ids"].size(1) + t["completion_ids"].size(1), self.B)
+        for s in range(0, n, step):
+            sl = slice(s, s + step)
             # The reference model is not prepared by accelerate: give it the policy's autocast explicitly.
             with self.accelerator.autocast():
                 lp, _ = per_token_logps(
@@ -399,7 +463,8 @@ class OnlineRLTrainer:
         rank = acc.process_index
         local_rows = expanded[rank * self.local_gen : (rank + 1) * self.local_gen]
         prompt_ids = [self._prompt_ids(i) for i in local_rows]
-        out = self.backend.generate(prompt_ids, self._sampling_params())
+        with self._generation_context():
+            out = self.backend.generate(prompt_ids, self._sampling_params())
         metrics["time/generate"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -543,6 +608,38 @@ class OnlineRLTrainer:
 
     # ------------------------------------------------------------------------------------------ loss
 
+    def split_passes(self, mb: dict[str, Any]) -> list[tuple[dict[str, Any], Stat]]:
+        """The micro-batch as forward/backward passes of at most `max_tokens_per_forward` tokens, each with the
+        factor that turns its loss (normalised over the pass) into its share of the micro-batch's loss, so the
+        summed gradient is the micro-batch's. Rows are cut, never tokens: per-row tensors are sliced, scalars kept.
+        """
+        rows = self.batch_rows(mb)
+        step = self.rows_per_pass(self.row_width(mb), rows)
+        if self.is_dpo:
+            step = max(2, step - step % 2)  # a (chosen, rejected) pair never spans passes
+        if step >= rows:
+            return [(mb, 1.0)]
+        parts: list[tuple[dict[str, Any], Stat]] = []
+        for s in range(0, rows, step):
+            part = {k: (v[s : s + step] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in mb.items()}
+            parts.append((part, self.loss_share(part, mb)))
+        return parts
+
+    def batch_rows(self, mb: dict[str, Any]) -> int:
+        return int(mb["completion_ids"].size(0))
+
+    def row_width(self, mb: dict[str, Any]) -> int:
+        return int(mb["prompt_ids"].size(1) + mb["completion_ids"].size(1))
+
+    def loss_share(self, part: dict[str, Any], mb: dict[str, Any]) -> Stat:
+        """What `micro_loss(part)` is multiplied by; follows each loss's normaliser (see grpo.normalize_loss)."""
+        if self.is_grpo and self.cfg.loss_type == "dapo":
+            return 1.0  # normalised by the whole generation batch's token count already
+        if self.is_grpo and self.cfg.loss_type == "bnpo":
+            return part["completion_mask"].sum().float() / mb["completion_mask"].sum().float().clamp(min=1.0)
+        # grpo / dr_grpo (per-sequence terms over rows), RLOO (mean over rows), Online DPO (mean over pairs)
+        return self.batch_rows(part) / self.batch_rows(mb)
+
     def micro_loss(self, mb: dict[str, Any], stats: StepStats) -> torch.Tensor:
         from launchgen.trainers.modeling import liger_grpo_loss, per_token_logps
 
@@ -567,12 +664,12 @@ class OnlineRLTrainer:
             )
             if cfg.loss_type != "dapo":
                 loss = loss / self.ga
-            tokens = float(mask.sum().item())
+            tokens = mask.sum().to(torch.float64)
             if self.beta != 0.0 and lmetrics:
-                stats.add("kl_sum", float(lmetrics[0].item()) * tokens)
+                stats.add("kl_sum", lmetrics[0].detach().to(torch.float64) * tokens)
                 stats.add("kl_count", tokens)
             if lmetrics:
-                stats.add("clip_region_sum", float(lmetrics[-1].item()) * tokens)
+                stats.add("clip_region_sum", lmetrics[-1].detach().to(torch.float64) * tokens)
                 stats.add("clip_count", tokens)
             return loss
 
@@ -580,8 +677,8 @@ class OnlineRLTrainer:
             self.model, mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"], mask, self.logp_temperature
         )
         m = mask.float()
-        stats.add("entropy_sum", float((entropy * m).sum().item()))
-        stats.add("entropy_count", float(m.sum().item()))
+        stats.add("entropy_sum", (entropy * m).sum())
+        stats.add("entropy_count", m.sum())
         if self.is_dpo:
             return self._dpo_micro_loss(mb, logps, m, stats)
         assert adv is not None
@@ -608,23 +705,23 @@ class OnlineRLTrainer:
                 steps_per_generation=self.spg,
             )
             if ptl.kl is not None:
-                stats.add("kl_sum", float((ptl.kl.detach() * m).sum().item()))
-                stats.add("kl_count", float(m.sum().item()))
+                stats.add("kl_sum", (ptl.kl.detach() * m).sum())
+                stats.add("kl_count", m.sum())
             cs = grpo_alg.clip_stats(ptl.ratio.detach(), adv, mask, self.eps_lo, self.eps_hi)
-            stats.add("clip_low_sum", float(cs.low.item()))
-            stats.add("clip_high_sum", float(cs.high.item()))
-            stats.add("clip_region_sum", float(cs.region.item()))
-            stats.add("clip_count", float(cs.count.item()))
-            stats.min("clip_ratio/low_min", float(cs.low_seq_min.item()) if math.isfinite(cs.low_seq_min.item()) else math.nan)
-            stats.max("clip_ratio/high_max", float(cs.high_seq_max.item()) if math.isfinite(cs.high_seq_max.item()) else math.nan)
+            stats.add("clip_low_sum", cs.low)
+            stats.add("clip_high_sum", cs.high)
+            stats.add("clip_region_sum", cs.region)
+            stats.add("clip_count", cs.count)
+            stats.min("clip_ratio/low_min", cs.low_seq_min)
+            stats.max("clip_ratio/high_max", cs.high_seq_max)
             return loss
         rl = rloo_alg.rloo_loss(logps, mask, mb["old_seq_logps"], adv, self.eps_lo, self.eps_hi)
         r = rl.ratio.detach()
         low = ((r < 1 - self.eps_lo) & (adv < 0)).float()
         high = ((r > 1 + self.eps_hi) & (adv > 0)).float()
-        stats.add("clip_low_sum", float(low.sum().item()))
-        stats.add("clip_high_sum", float(high.sum().item()))
-        stats.add("clip_region_sum", float(torch.maximum(low, high).sum().item()))
+        stats.add("clip_low_sum", low.sum())
+        stats.add("clip_high_sum", high.sum())
+        stats.add("clip_region_sum", torch.maximum(low, high).sum())
         stats.add("clip_count", float(r.numel()))
         return rl.loss / self.ga  # TRL's Trainer divides RLOO's loss by GA before backward
 
@@ -653,10 +750,10 @@ class OnlineRLTrainer:
             ("logps/rejected", seq[1::2].detach().sum(), n_pairs),
             ("objective/kl", kl.sum(), rows),
             ("objective/non_score_reward", -self.beta * kl.sum(), rows),
-            ("objective/rlhf_reward", rlhf[finite].sum(), float(finite.sum().item())),
+            ("objective/rlhf_reward", torch.where(finite, rlhf, 0.0).sum(), finite.sum()),
             ("objective/entropy", -seq.detach().sum(), rows),
         ):
-            stats.add_mean(name, float(total), count)
+            stats.add_mean(name, total, count)
         return res.loss / self.ga  # TRL's Trainer divides the mean pair loss by GA before backward
 
     # ------------------------------------------------------------------------------------------ loop
@@ -664,7 +761,7 @@ class OnlineRLTrainer:
     def _reduce_step(self, stats: StepStats) -> dict[str, float]:
         acc = self.accelerator
         keys = sorted(stats.sums)
-        vals = torch.tensor([stats.loss] + [stats.sums[k] for k in keys], dtype=torch.float64, device=acc.device)
+        vals = torch.stack([_as_f64(stats.loss, acc.device)] + [_as_f64(stats.sums[k], acc.device) for k in keys])
         if acc.num_processes > 1:
             vals = acc.reduce(vals, reduction="sum")
         summed = dict(zip(keys, vals[1:].tolist(), strict=True))
@@ -692,7 +789,7 @@ class OnlineRLTrainer:
                 out[name] = summed[key] / count if count > 0 else math.nan
         for key, store, red in (("clip_ratio/low_min", stats.mins, "min"), ("clip_ratio/high_max", stats.maxs, "max")):
             if key in store or (self.is_grpo and not self.use_liger):
-                local = torch.tensor([store.get(key, math.nan)], device=acc.device, dtype=torch.float64)
+                local = _as_f64(store.get(key, math.nan), acc.device).reshape(1)
                 allv = self._gather(local)
                 allv = allv[~torch.isnan(allv)]
                 if allv.numel():
@@ -746,11 +843,15 @@ class OnlineRLTrainer:
                         step_metrics.update(gen_metrics)
                     mb = self.buffer[self.micro_step % self.spg]
                     ts = time.perf_counter()
-                    ctx = acc.no_sync(self.model) if k < self.ga - 1 else nullcontext()
-                    with ctx:
-                        loss = self.micro_loss(mb, stats)
-                        acc.backward(loss)
-                    stats.loss += float(loss.detach().item())
+                    passes = self.split_passes(mb)
+                    for j, (part, share) in enumerate(passes):
+                        last = k == self.ga - 1 and j == len(passes) - 1
+                        with acc.no_sync(self.model) if not last else nullcontext():
+                            loss = self.micro_loss(part, stats)
+                            if len(passes) > 1:
+                                loss = loss * share
+                            acc.backward(loss)
+                        stats.loss = stats.loss + loss.detach().to(torch.float64)
                     t_train += time.perf_counter() - ts
                     self.micro_step += 1
                 ts = time.perf_counter()

@@ -319,11 +319,20 @@ class SFTTrainer(OnlineRLTrainer):
         self.num_tokens += float(counts[1].item())
         return batches, {"num_tokens": self.num_tokens}
 
+    def batch_rows(self, mb: dict[str, Any]) -> int:
+        return int(mb["input_ids"].size(0))
+
+    def row_width(self, mb: dict[str, Any]) -> int:
+        return int(mb["input_ids"].size(1))
+
+    def loss_share(self, part: dict[str, Any], mb: dict[str, Any]) -> float:
+        return 1.0  # the loss is a token sum over the step's global token count: passes just add up
+
     def micro_loss(self, mb: dict[str, Any], stats: StepStats) -> torch.Tensor:
         nll, entropy = sequence_nll(self.model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"], self.sft_liger)
         m = mb["loss_mask"][:, 1:].float()
         if entropy is not None:
-            stats.add_mean("entropy", float((entropy * m).sum().item()), float(m.sum().item()))
+            stats.add_mean("entropy", (entropy * m).sum(), m.sum())
         # Divided by the step's trained tokens on all processes / n_proc: DDP's gradient mean makes it the global mean.
         return nll / (mb["num_items_in_batch"].to(nll.dtype) / self.accelerator.num_processes)
 

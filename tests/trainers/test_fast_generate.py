@@ -242,8 +242,14 @@ def test_from_config_builds_a_working_backend(qwen: tuple[Any, Any], tiny_model_
     prompts = _prompts(tok)
     out = backend.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))
     assert out.completion_ids == _hf_greedy(model, tok, prompts, 6, [tok.eos_token_id])
+    assert backend.keep_cache is True
     backend.close()
     backend.close()  # the protocol allows a second close
+    cfg.generation.keep_kv_cache = False
+    lean = FastGenerateBackend.from_config(cfg, None, model, tok)
+    assert lean.keep_cache is False
+    assert lean.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0)).completion_ids == out.completion_ids
+    assert lean.state is None  # released after the call
 
 
 def test_seed_reproduces_without_touching_the_global_stream(qwen: tuple[Any, Any]) -> None:
@@ -277,3 +283,288 @@ def test_fp32_weights_generate_under_the_trainers_autocast(tiny_model_dir: Path)
     # bf16 decoding of an fp32 model: the first greedy token agrees with fp32 generate on most rows.
     ref = _hf_greedy(model, tok, _prompts(tok), 1, [tok.eos_token_id])
     assert sum(o[0] == r[0] for o, r in zip(out.completion_ids, ref, strict=True)) >= len(TEXTS) - 1
+
+
+# ------------------------------------------------------------------------------------------ fused decode path
+#
+# Llama-family decoders decode through `_fused_decoder_layer` (one pure function of tensors per layer) instead of
+# the HF modules. These tests hold it to the HF layer, to HF generate and to the trainer's recomputation, and check
+# that it compiles as one graph for all layers.
+
+def _tiny_lm(arch: str, tok: Any, attn: str = "sdpa", **over: Any) -> Any:
+    """An in-memory tiny causal LM of `arch`, with random (not unit / zero) norm weights and biases so a wrong
+    norm weight, a dropped bias or a swapped q/k norm changes the output."""
+    common: dict[str, Any] = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=False, initializer_range=0.1,
+    )
+    common.update(over)
+    if arch == "qwen2":
+        cfg: Any = transformers.Qwen2Config(**common)
+    elif arch == "llama3-rope":
+        # original_max_position_embeddings=16 puts most of the 8 rotary frequencies in the rescaled band.
+        cfg = transformers.LlamaConfig(**common, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    elif arch == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=16)
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**{"sliding_window": None, **common})
+    elif arch == "llama":
+        cfg = transformers.LlamaConfig(**common)
+    elif arch == "gemma":
+        cfg = transformers.GemmaConfig(**common, head_dim=16)
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if "norm" in name:
+                prm.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                prm.normal_(0.0, 0.5)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.eval()
+
+
+FUSED_ARCHS = ["qwen2", "llama3-rope", "qwen3", "mistral"]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_fused_path_is_selected_for_the_llama_family(arch: str, tok: Any) -> None:
+    backend = FastGenerateBackend(_tiny_lm(arch, tok), tok)
+    assert backend.decode_path == "fused"  # CPU: compiling is off by default
+    assert backend.fused_unsupported_reason is None
+    assert FastGenerateBackend(_tiny_lm(arch, tok), tok, decode_impl="modules").decode_path == "modules"
+
+
+@pytest.mark.parametrize(("arch", "over", "why"), [
+    ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("llama", {"attention_bias": True}, "o_proj"),
+    ("llama", {"mlp_bias": True}, "MLP projections"),
+    ("mistral", {"sliding_window": 4096}, "sliding window"),
+    ("gemma", {}, "model_type 'gemma'"),
+])
+def test_unsupported_models_keep_the_modules_path(arch: str, over: dict[str, Any], why: str, tok: Any) -> None:
+    model = _tiny_lm(arch, tok, **over)
+    backend = FastGenerateBackend(model, tok)
+    assert backend.decode_path == "modules"
+    assert backend.fused_unsupported_reason is not None and why in backend.fused_unsupported_reason
+    with pytest.raises(ValueError, match="decode_impl='fused' cannot run this model"):
+        FastGenerateBackend(model, tok, decode_impl="fused")
+
+
+def test_wrapped_projections_keep_the_modules_path(tok: Any) -> None:
+    """A LoRA-style wrapper (or a quantized nn.Linear subclass) computes more than F.linear of its weight."""
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    model = _tiny_lm("qwen2", tok)
+    attn = model.model.layers[1].self_attn
+    wrapped = Scaled(attn.v_proj.in_features, attn.v_proj.out_features)
+    wrapped.load_state_dict(attn.v_proj.state_dict())
+    attn.v_proj = wrapped
+    backend = FastGenerateBackend(model, tok)
+    assert backend.decode_path == "modules"
+    assert "v_proj" in (backend.fused_unsupported_reason or "")
+
+
+class _CatCache:
+    """The simplest cache an HF attention layer accepts: concatenate and return everything."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *a: Any, **kw: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k, self.v = torch.cat([self.k, k], 2), torch.cat([self.v, v], 2)
+        return self.k, self.v
+
+
+def _decode_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
+    """A left-padded decode step: 3 rows with 0, 2 and 4 padding columns before 5 cached columns."""
+    cfg = model.config
+    g = torch.Generator().manual_seed(seed)
+    b, past, cap = 3, 5, 8
+    head_dim = model.model.layers[0].self_attn.head_dim
+    kv = cfg.num_key_value_heads
+    pads = torch.tensor([0, 2, 4])
+    valid = torch.arange(past + 1)[None, :] >= pads[:, None]  # (b, past + 1); the last column is this step
+    mask = torch.zeros(b, 1, 1, past + 1).masked_fill(~valid[:, None, None, :], torch.finfo(torch.float32).min)
+    pos = (past - pads)[:, None]  # real tokens before this one
+    hidden = torch.randn(b, 1, cfg.hidden_size, generator=g)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(hidden, pos)
+    return dict(hidden=hidden, mask=mask, pos=pos, cos=cos, sin=sin, past=past, cap=cap,
+                past_k=torch.randn(b, kv, past, head_dim, generator=g),
+                past_v=torch.randn(b, kv, past, head_dim, generator=g))
+
+
+def _fused_layer_call(model: Any, layer_idx: int, x: dict[str, Any], fn: Any = None,
+                      cos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer, _fused_spec, _layer_weights
+
+    spec = _fused_spec(model.model, model.lm_head, model.config, torch.device("cpu"))
+    assert not isinstance(spec, str), spec
+    b, kv, past, d = x["past_k"].shape
+    k_cache = torch.zeros(b, kv, x["cap"], d)
+    v_cache = torch.zeros(b, kv, x["cap"], d)
+    k_cache[:, :, :past] = x["past_k"]
+    v_cache[:, :, :past] = x["past_v"]
+    with torch.no_grad():
+        out = (fn or _fused_decoder_layer)(
+            x["hidden"], _layer_weights(model.model.layers[layer_idx]), k_cache, v_cache, torch.tensor([past]),
+            x["mask"], x["cos"] if cos is None else cos, x["sin"], spec.eps, spec.scaling)
+    return out, k_cache, v_cache
+
+
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_fused_layer_matches_the_hf_decoder_layer(arch: str, tok: Any) -> None:
+    """One left-padded decode step through layer 1, against HF's own layer with eager (repeat_kv) attention."""
+    model = _tiny_lm(arch, tok, attn="eager")
+    x = _decode_inputs(model)
+    cache = _CatCache(x["past_k"], x["past_v"])
+    with torch.no_grad():
+        ref = model.model.layers[1](x["hidden"], attention_mask=x["mask"], position_ids=x["pos"],
+                                    past_key_values=cache, use_cache=True, position_embeddings=(x["cos"], x["sin"]))
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    out, k_cache, v_cache = _fused_layer_call(model, 1, x)
+    past = x["past"]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_cache[:, :, : past + 1], cache.k, atol=1e-5, rtol=1e-5)  # rotated K written
+    torch.testing.assert_close(v_cache[:, :, : past + 1], cache.v, atol=1e-5, rtol=1e-5)
+    assert not k_cache[:, :, past + 1 :].any()  # nothing beyond this step's column
+    # The comparison is sharp enough to see RoPE one position off.
+    shifted, _ = model.model.rotary_emb(x["hidden"], x["pos"] + 1)
+    off, _, _ = _fused_layer_call(model, 1, x, cos=shifted)
+    assert (off - ref).abs().max() > 1e-4
+
+
+def test_llama3_rope_scaling_is_in_effect(tok: Any) -> None:
+    """The llama3 case above only tests scaling if the model's rotary frequencies differ from the default ones."""
+    scaled = _tiny_lm("llama3-rope", tok).model.rotary_emb.inv_freq
+    plain = _tiny_lm("llama", tok).model.rotary_emb.inv_freq
+    assert scaled.shape == plain.shape and not torch.allclose(scaled, plain)
+
+
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_fused_greedy_matches_generate_and_logprobs_match_recomputation(arch: str, tok: Any) -> None:
+    model = _tiny_lm(arch, tok)
+    prompts = _prompts(tok)
+    backend = FastGenerateBackend(model, tok)
+    assert backend.decode_path == "fused"
+    out = backend.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0))
+    want = _hf_greedy(model, tok, prompts, 16, [tok.eos_token_id])
+    assert out.completion_ids == want
+    assert len({tuple(c) for c in want}) > 1, "degenerate model: every row generated the same tokens"
+
+    rows = [p for p in prompts for _ in range(2)]
+    sampled = backend.generate(rows, SamplingParams(max_tokens=12, temperature=0.8, extra={"seed": 5}))
+    assert sampled.logprobs is not None
+    ref = _recompute_logprobs(model, tok, rows, sampled.completion_ids, 0.8)
+    for got, exp in zip(sampled.logprobs, ref, strict=True):
+        assert got == pytest.approx(exp, abs=2e-5)
+
+
+def test_fused_and_modules_paths_agree_bitwise_on_cpu(qwen: tuple[Any, Any]) -> None:
+    """Uncompiled, the fused layer issues the modules' ops in the modules' order: the same bits come out."""
+    model, tok = qwen
+    rows = [p for p in _prompts(tok) for _ in range(2)]
+    params = SamplingParams(max_tokens=12, temperature=1.0, extra={"seed": 2})
+    fused = FastGenerateBackend(model, tok, decode_impl="fused").generate(rows, params)
+    modules = FastGenerateBackend(model, tok, decode_impl="modules").generate(rows, params)
+    assert fused.completion_ids == modules.completion_ids
+    assert fused.logprobs == modules.logprobs
+
+
+def test_fused_layer_compiles_to_one_graph_for_every_layer(tok: Any) -> None:
+    """fullgraph=True fails on any graph break; the counter shows that layer 1 reuses layer 0's graph (no guard
+    on a layer index or module) and that a new mask length is the only thing that recompiles."""
+    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = _tiny_lm("qwen3", tok)  # q_norm/k_norm and GQA: the richest variant
+    x = _decode_inputs(model)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_fused_decoder_layer, backend=counter, fullgraph=True, dynamic=False)
+    with torch.inference_mode():
+        for layer in (0, 1):
+            got = _fused_layer_call(model, layer, x, fn=compiled)
+            want = _fused_layer_call(model, layer, x)
+            for g, w in zip(got, want, strict=True):  # output and both caches, written in place
+                torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+        assert counter.frame_count == 1
+        longer = dict(x, mask=torch.cat([x["mask"], x["mask"][..., -1:]], -1))  # attend to one more column
+        _fused_layer_call(model, 0, longer, fn=compiled)
+    assert counter.frame_count == 2
+
+
+def test_compiled_backend_matches_and_falls_back_on_compile_errors(qwen: tuple[Any, Any],
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    model, tok = qwen
+    prompts = _prompts(tok)
+    want = _hf_greedy(model, tok, prompts, 10, [tok.eos_token_id])
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = FastGenerateBackend(model, tok, compile=True, compile_backend=counter, length_bucket=8)
+    assert compiled.decode_path == "fused+compiled"
+    assert compiled.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0)).completion_ids == want
+    assert compiled.decode_path == "fused+compiled"
+    # Without graphs too, a compiled decode reads whole buckets: one layer graph per bucket plus the LM-head graph,
+    # not one per step.
+    plen = max(len(p) for p in prompts)
+    buckets = {(col // 8 + 1) * 8 for col in range(plen, plen + 9)}
+    assert counter.frame_count == len(buckets) + 1
+
+    def broken(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("inductor exploded")
+
+    failing = FastGenerateBackend(model, tok, compile=True, compile_backend=broken)
+    assert failing.decode_path == "fused+compiled"
+    with caplog.at_level("WARNING", logger="launchgen.trainers.generation.fast_generate"):
+        out = failing.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0))
+    assert out.completion_ids == want
+    assert failing.decode_path == "fused"
+    assert sum("torch.compile of the fused decode failed" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_cache_false_releases_everything_between_calls(keep: bool, qwen: tuple[Any, Any]) -> None:
+    model, tok = qwen
+    prompts = _prompts(tok)
+    backend = FastGenerateBackend(model, tok, keep_cache=keep)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    first = backend.generate(prompts, params)
+    held = backend.state is not None or any(k is not None for k in backend.cache.keys + backend.cache.values)
+    assert held is keep
+    assert backend.generate(prompts, params).completion_ids == first.completion_ids
+    assert first.completion_ids == _hf_greedy(model, tok, prompts, 10, [tok.eos_token_id])
+
+
+def test_fused_path_reads_the_live_weights(tok: Any) -> None:
+    """An in-place optimizer-style update between calls must show up in the next call's tokens."""
+    model = _tiny_lm("qwen2", tok)
+    prompts = _prompts(tok)
+    backend = FastGenerateBackend(model, tok)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    before = backend.generate(prompts, params).completion_ids
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(-3.0)
+            layer.self_attn.k_proj.bias.add_(1.0)
+    after = backend.generate(prompts, params).completion_ids
+    assert after != before
+    assert after == _hf_greedy(model, tok, prompts, 10, [tok.eos_token_id])
