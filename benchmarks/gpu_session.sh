@@ -38,8 +38,10 @@ want decode_c2 && step decode_c2 200 python3 "$REPO/benchmarks/decode_gpu_check.
 # launchgen's defaults and its memory-lean knobs (same algorithm; see RESULTS.md).
 want final_c1 && step final_c1 220 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full,train \
   --out "$OUT/final_c1" --workdir /tmp/bench
-want final_c2 && step final_c2 340 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full \
+want final_c2 && step final_c2 100 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full --trainers "" \
   --lg-variant "lean:max_tokens_per_forward=4096;model.logits_chunk_mib=64;generation.keep_kv_cache=false" \
   --out "$OUT/final_c2" --workdir /tmp/bench
+want final_c2_trl && step final_c2_trl 260 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full \
+  --trainers trl --out "$OUT/final_c2_trl" --workdir /tmp/bench
 want decode && step decode 300 python3 "$REPO/benchmarks/decode_gpu_check.py" --configs 1,3,2 --out "$OUT/decode"
 exit 0

@@ -667,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     gen_rows: list[dict[str, Any]] = []
     modes = a.modes.split(",")
-    trainers = a.trainers.split(",")
+    trainers = [t for t in a.trainers.split(",") if t]
     variants: dict[str, list[str]] = {}
     for v in a.lg_variant:
         label, _, spec = v.partition(":")

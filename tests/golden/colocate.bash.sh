@@ -131,7 +131,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_6103152293324952
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_79366430AE578ED4'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_294DFACF61F44ED0'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -144,7 +144,10 @@ model:
   dtype: auto
   attn_implementation: null
   use_liger_kernel: false
+  liger_grpo_loss: false
   gradient_checkpointing: false
+  logits_chunk_mib: 256
+  compile: auto
 data:
   path: data/gsm8k-train.jsonl
   split: train
@@ -162,6 +165,7 @@ generation:
   backend: vllm_colocate
   hf_engine: auto
   max_completion_length: 256
+  keep_kv_cache: true
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -211,6 +215,7 @@ adam_epsilon: 1.0e-08
 max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
+max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 300
 max_length: 1024
@@ -223,7 +228,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_79366430AE578ED4
+LAUNCHGEN_EOF_294DFACF61F44ED0
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -129,7 +129,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_23B55F38E21BC742'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_14F19E733E652245'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -142,7 +142,10 @@ model:
   dtype: float32
   attn_implementation: null
   use_liger_kernel: false
+  liger_grpo_loss: false
   gradient_checkpointing: false
+  logits_chunk_mib: 256
+  compile: auto
 data:
   path: examples/data/tiny-math.jsonl
   split: train
@@ -163,6 +166,7 @@ generation:
   backend: hf
   hf_engine: auto
   max_completion_length: 16
+  keep_kv_cache: true
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -212,6 +216,7 @@ adam_epsilon: 1.0e-08
 max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 1
+max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 4
 max_length: 1024
@@ -223,7 +228,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_23B55F38E21BC742
+LAUNCHGEN_EOF_14F19E733E652245
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -156,7 +156,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_55239F099C58B4C1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_989DF8CE100B0290'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FCE4C6383926DD58'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -169,7 +169,10 @@ model:
   dtype: bfloat16
   attn_implementation: null
   use_liger_kernel: false
+  liger_grpo_loss: false
   gradient_checkpointing: true
+  logits_chunk_mib: 256
+  compile: auto
 data:
   path: /shared/data/deepmath-103k.jsonl
   split: train
@@ -187,6 +190,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 4096
+  keep_kv_cache: true
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -236,6 +240,7 @@ adam_epsilon: 1.0e-08
 max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 4
+max_tokens_per_forward: null
 steps_per_generation: 4
 max_steps: 2000
 max_length: 1024
@@ -248,7 +253,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_989DF8CE100B0290
+LAUNCHGEN_EOF_FCE4C6383926DD58
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -123,7 +123,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_3D3F3B386AF6CE91'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_237E31543D47F24F'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -136,7 +136,10 @@ model:
   dtype: auto
   attn_implementation: null
   use_liger_kernel: false
+  liger_grpo_loss: false
   gradient_checkpointing: false
+  logits_chunk_mib: 256
+  compile: auto
 data:
   path: data/sft-chat.jsonl
   split: train
@@ -154,6 +157,7 @@ generation:
   backend: hf
   hf_engine: auto
   max_completion_length: 256
+  keep_kv_cache: true
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -203,6 +207,7 @@ adam_epsilon: 1.0e-08
 max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 2
+max_tokens_per_forward: null
 steps_per_generation: 2
 max_steps: 1000
 max_length: 1024
@@ -215,7 +220,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_3D3F3B386AF6CE91
+LAUNCHGEN_EOF_237E31543D47F24F
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

@@ -156,7 +156,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_C1C222788323D1E4
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_1089990B140A65B2'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6D8C13A7084B6249'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -169,7 +169,10 @@ model:
   dtype: bfloat16
   attn_implementation: sdpa
   use_liger_kernel: false
+  liger_grpo_loss: false
   gradient_checkpointing: false
+  logits_chunk_mib: 256
+  compile: auto
 data:
   path: data/gsm8k-train.jsonl
   split: train
@@ -187,6 +190,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 1024
+  keep_kv_cache: true
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -236,6 +240,7 @@ adam_epsilon: 1.0e-08
 max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
+max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 500
 max_length: 1024
@@ -248,7 +253,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_1089990B140A65B2
+LAUNCHGEN_EOF_6D8C13A7084B6249
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
