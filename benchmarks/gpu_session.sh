@@ -36,9 +36,9 @@ want logp_head && step logp_head 150 python3 "$REPO/benchmarks/logp_head_gpu.py"
 want decode_c2 && step decode_c2 200 python3 "$REPO/benchmarks/decode_gpu_check.py" --configs 2 --out "$OUT/decode_c2"
 # The issue-5 table: full steps and training phase at config 1 (launchgen defaults), full steps at config 2 with
 # launchgen's defaults and its memory-lean knobs (same algorithm; see RESULTS.md).
-want final_c1 && step final_c1 220 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full,train \
+want final_c1 && step final_c1 200 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full \
   --out "$OUT/final_c1" --workdir /tmp/bench
-want final_c2 && step final_c2 100 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full --trainers "" \
+want final_c2 && step final_c2 200 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full --trainers launchgen \
   --lg-variant "lean:max_tokens_per_forward=4096;model.logits_chunk_mib=64;generation.keep_kv_cache=false" \
   --out "$OUT/final_c2" --workdir /tmp/bench
 want final_c2_trl && step final_c2_trl 260 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full \
