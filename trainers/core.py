@@ -608,22 +608,56 @@ class OnlineRLTrainer:
 
     # ------------------------------------------------------------------------------------------ loss
 
+    #: Per-row tensors aligned with the completion columns: a pass keeps only as many columns as its longest row.
+    PASS_TRIM_KEYS: tuple[str, ...] = ("completion_ids", "completion_mask", "old_logps", "ref_logps", "is_ratio")
+
     def split_passes(self, mb: dict[str, Any]) -> list[tuple[dict[str, Any], Stat]]:
         """The micro-batch as forward/backward passes of at most `max_tokens_per_forward` tokens, each with the
         factor that turns its loss (normalised over the pass) into its share of the micro-batch's loss, so the
-        summed gradient is the micro-batch's. Rows are cut, never tokens: per-row tensors are sliced, scalars kept.
+        summed gradient is the micro-batch's.
+
+        Rows (Online DPO: pairs) are sorted by length, longest first, and packed greedily; each pass drops the
+        right padding beyond its longest row (causal attention: the kept positions compute exactly what they did
+        with it). Scalars are kept as they are.
         """
+        limit = self.cfg.max_tokens_per_forward
         rows = self.batch_rows(mb)
-        step = self.rows_per_pass(self.row_width(mb), rows)
-        if self.is_dpo:
-            step = max(2, step - step % 2)  # a (chosen, rejected) pair never spans passes
-        if step >= rows:
+        if limit is None or rows * self.row_width(mb) <= limit:
             return [(mb, 1.0)]
+        lengths = self.row_lengths(mb).tolist()  # one host sync per micro-batch, only when passes are on
+        unit = 2 if self.is_dpo else 1  # a (chosen, rejected) pair never spans passes
+        units = [list(range(i, min(i + unit, rows))) for i in range(0, rows, unit)]
+        units.sort(key=lambda u: -max(lengths[r] for r in u))  # stable: ties keep their order
+        fixed = self.row_width(mb) - self.trim_width(mb)
+        groups: list[list[int]] = []
+        width = 0
+        for u in units:
+            u_width = fixed + max(1, max(lengths[r] for r in u))
+            if groups and (len(groups[-1]) + len(u)) * width <= limit:
+                groups[-1].extend(u)
+            else:
+                groups.append(list(u))
+                width = u_width  # the first unit of a pass is its widest
         parts: list[tuple[dict[str, Any], Stat]] = []
-        for s in range(0, rows, step):
-            part = {k: (v[s : s + step] if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in mb.items()}
+        for g in groups:
+            idx = torch.tensor(sorted(g), dtype=torch.long, device=self.row_lengths(mb).device)
+            keep = max(1, max(lengths[r] for r in g))
+            part: dict[str, Any] = {}
+            for k, v in mb.items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0:
+                    v = v.index_select(0, idx)
+                    if k in self.PASS_TRIM_KEYS and v.dim() == 2:
+                        v = v[:, :keep]
+                part[k] = v
             parts.append((part, self.loss_share(part, mb)))
         return parts
+
+    def row_lengths(self, mb: dict[str, Any]) -> torch.Tensor:
+        """Tokens of each row that a pass must keep in the trimmable columns."""
+        return mb["completion_mask"].sum(1)
+
+    def trim_width(self, mb: dict[str, Any]) -> int:
+        return int(mb["completion_ids"].size(1))
 
     def batch_rows(self, mb: dict[str, Any]) -> int:
         return int(mb["completion_ids"].size(0))

@@ -325,6 +325,15 @@ class SFTTrainer(OnlineRLTrainer):
     def row_width(self, mb: dict[str, Any]) -> int:
         return int(mb["input_ids"].size(1))
 
+    # Examples are right-padded: a pass keeps the columns up to its longest example.
+    PASS_TRIM_KEYS = ("input_ids", "attention_mask", "loss_mask")
+
+    def row_lengths(self, mb: dict[str, Any]) -> torch.Tensor:
+        return mb["attention_mask"].sum(1)
+
+    def trim_width(self, mb: dict[str, Any]) -> int:
+        return int(mb["input_ids"].size(1))
+
     def loss_share(self, part: dict[str, Any], mb: dict[str, Any]) -> float:
         return 1.0  # the loss is a token sum over the step's global token count: passes just add up
 

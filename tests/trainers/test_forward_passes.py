@@ -130,3 +130,92 @@ def test_rows_per_pass_bounds() -> None:
     assert trainer(4096).rows_per_pass(1056, 64) == 3
     assert trainer(100).rows_per_pass(1056, 64) == 1  # never zero rows: one row over the limit still runs
     assert trainer(10**9).rows_per_pass(1056, 64) == 64
+
+
+def _split_trainer(loss_type: str, limit: int) -> Any:
+    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.core import OnlineRLTrainer
+
+    cfg = TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},
+                                        "data": {"path": "d"}, "loss_type": loss_type,
+                                        "max_tokens_per_forward": limit})
+    t = OnlineRLTrainer(cfg)
+    t.is_grpo, t.is_dpo = True, False
+    return t
+
+
+def test_passes_pack_longest_first_and_drop_right_padding() -> None:
+    lengths = [10, 3, 7, 1, 0, 5]
+    rows, width = len(lengths), 10
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    ids = torch.arange(rows * width).reshape(rows, width)
+    mb = {"prompt_ids": torch.ones(rows, 4, dtype=torch.long), "prompt_mask": torch.ones(rows, 4, dtype=torch.long),
+          "completion_ids": ids, "completion_mask": mask, "old_logps": ids.float(),
+          "advantages": torch.arange(rows, dtype=torch.float32), "num_items_in_batch": torch.tensor(26.0)}
+    parts = _split_trainer("grpo", 30).split_passes(mb)
+    # Longest first, greedy: [10, 7] at width 14, [5, 3, 1] at width 9, [0] at width 5 (one column kept).
+    assert [p["advantages"].tolist() for p, _ in parts] == [[0.0, 2.0], [1.0, 3.0, 5.0], [4.0]]
+    assert [p["completion_ids"].shape[1] for p, _ in parts] == [10, 5, 1]
+    for p, _ in parts:
+        assert p["prompt_ids"].numel() + p["completion_ids"].numel() <= 30
+        assert p["num_items_in_batch"] is mb["num_items_in_batch"]
+        rows_idx = p["advantages"].long()
+        keep = p["completion_ids"].shape[1]
+        assert torch.equal(p["completion_ids"], ids[rows_idx, :keep])
+        assert torch.equal(p["old_logps"], ids[rows_idx, :keep].float())
+        assert int(p["completion_mask"].sum()) == sum(lengths[int(r)] for r in rows_idx)
+    assert sum(float(s) for _, s in parts) == pytest.approx(1.0)  # row shares of the grpo loss
+    bnpo = _split_trainer("bnpo", 30).split_passes(mb)
+    assert [float(s) for _, s in bnpo] == pytest.approx([17 / 26, 9 / 26, 0.0])
+    assert _split_trainer("grpo", 10**6).split_passes(mb) == [(mb, 1.0)]
+
+
+class _VariedLengths:
+    """Generation stand-in: completion i has 1 + (i * 5) % 7 tokens, the last one EOS, so passes must trim."""
+
+    def __init__(self, eos: int) -> None:
+        self.eos = eos
+
+    def generate(self, prompt_ids: list[list[int]], params: Any) -> Any:
+        from launchgen.trainers.generation.protocol import GenerationOutput
+
+        comps = [[5 + (i + j) % 50 for j in range((i * 5) % 7)] + [self.eos] for i in range(len(prompt_ids))]
+        return GenerationOutput(prompt_ids=[list(p) for p in prompt_ids], completion_ids=comps,
+                                logprobs=None, finished=[True] * len(comps))
+
+    def sync_weights(self, named_params: Any) -> None:
+        for _ in named_params:
+            pass
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("trainer,over", [("grpo", {"loss_type": "bnpo"}), ("grpo", {"loss_type": "grpo"}),
+                                          ("online_dpo", {})], ids=["bnpo", "grpo", "online_dpo"])
+def test_trimmed_passes_of_varied_lengths_give_the_micro_batch_gradient(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, trainer: str, over: dict[str, Any]
+) -> None:
+    from launchgen.trainers import core
+
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setattr(core, "make_backend", lambda cfg, acc, model, tok: _VariedLengths(tok.eos_token_id))
+    widths: list[tuple[int, int]] = []
+    split = core.OnlineRLTrainer.split_passes
+
+    def recording(self: Any, mb: dict[str, Any]) -> Any:
+        parts = split(self, mb)
+        widths.extend((p["completion_ids"].shape[1], mb["completion_ids"].shape[1]) for p, _ in parts)
+        return parts
+
+    monkeypatch.setattr(core.OnlineRLTrainer, "split_passes", recording)
+    common: dict[str, Any] = {"num_generations": 4 if trainer != "online_dpo" else 2,
+                              "per_device_train_batch_size": 8, "max_steps": 1, **over}
+    g_whole, m_whole, _ = _one_step(toy_cfg(tmp_path, tiny_model_dir, "whole", trainer, **common))
+    widths.clear()
+    g_split, m_split, n_split = _one_step(
+        toy_cfg(tmp_path, tiny_model_dir, "split", trainer, max_tokens_per_forward=24, **common))
+    assert n_split >= 3 and any(w < full for w, full in widths), widths  # several passes, some trimmed
+    worst = max(float((g_whole[k] - g_split[k]).norm() / g_whole[k].norm().clamp(min=1e-12)) for k in g_whole)
+    assert worst < 1e-4, worst
+    assert math.isclose(m_whole["loss"], m_split["loss"], rel_tol=1e-4, abs_tol=1e-7)
