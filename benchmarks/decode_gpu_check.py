@@ -36,7 +36,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grpo_vs_trl import CONFIGS, Clock, Shape, build_model_dir, make_prompts, versions
+from grpo_vs_trl import (
+    CONFIGS,
+    Clock,
+    Shape,
+    build_model_dir,
+    copy_bandwidth_tb_s,
+    logprob_diff,
+    make_prompts,
+    prefix_agreement,
+    versions,
+)
 
 # (row label, decode_impl, compile)
 VARIANTS: list[tuple[str, str, bool]] = [
@@ -65,56 +75,6 @@ def load_model(model_dir: Path, shape: Shape, cuda: bool) -> tuple[Any, Any, boo
         except Exception as e:  # reported in the table; the paths are still compared without it
             print(f"Liger not applied ({type(e).__name__}: {e})", flush=True)
     return model, tok, liger
-
-
-def copy_bandwidth_tb_s(clock: Clock) -> float:
-    """Device-to-device copy bandwidth (bytes read + written), measured rather than taken from a datasheet."""
-    import torch
-
-    buf = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(buf)
-    for _ in range(3):
-        dst.copy_(buf)
-    t = clock.now()
-    for _ in range(10):
-        dst.copy_(buf)
-    dt = (clock.now() - t) / 10
-    del buf, dst
-    torch.cuda.empty_cache()
-    return 2 * 2 * 2**30 / dt / 1e12
-
-
-def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
-    """Mean length of the common prefix per row, and the share of rows that are identical."""
-    pref = [next((i for i, (x, y) in enumerate(zip(r, s, strict=False)) if x != y), min(len(r), len(s)))
-            for r, s in zip(a, b, strict=True)]
-    same = [r == s for r, s in zip(a, b, strict=True)]
-    return statistics.mean(pref), sum(same) / len(same)
-
-
-def logprob_diff(model: Any, tok: Any, prompts: list[list[int]], out: Any, rows: int = 16) -> tuple[float, float]:
-    """|sampled log-prob - trainer recompute| over the first `rows` completions (grpo_vs_trl.bench_generation)."""
-    import torch
-    from launchgen.trainers.modeling import per_token_logps
-
-    dev = next(model.parameters()).device
-    comp = out.completion_ids[:rows]
-    width = max(1, max(len(c) for c in comp))
-    cids = torch.full((len(comp), width), tok.pad_token_id, dtype=torch.long, device=dev)
-    cmask = torch.zeros_like(cids)
-    for i, c in enumerate(comp):
-        if c:
-            cids[i, : len(c)] = torch.tensor(c, device=dev)
-            cmask[i, : len(c)] = 1
-    pids = torch.tensor(prompts[:rows], device=dev)  # equal lengths: no padding
-    with torch.no_grad():
-        want, _ = per_token_logps(model, pids, torch.ones_like(pids), cids, cmask, 1.0)
-    got = torch.zeros_like(want)
-    for i, row in enumerate(out.logprobs[:rows]):
-        if row:
-            got[i, : len(row)] = torch.tensor([float(x or 0.0) for x in row], device=dev)
-    diff = (got - want).abs()[cmask.bool()]
-    return float(diff.mean()), float(diff.max())
 
 
 def free_device() -> None:

@@ -489,6 +489,56 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
 # ------------------------------------------------------------------------------------- generation micro
 
 
+def copy_bandwidth_tb_s(clock: Clock) -> float:
+    """Device-to-device copy bandwidth (bytes read + written), measured rather than taken from a datasheet."""
+    import torch
+
+    buf = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(buf)
+    for _ in range(3):
+        dst.copy_(buf)
+    t = clock.now()
+    for _ in range(10):
+        dst.copy_(buf)
+    dt = (clock.now() - t) / 10
+    del buf, dst
+    torch.cuda.empty_cache()
+    return 2 * 2 * 2**30 / dt / 1e12
+
+
+def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
+    """Mean length of the common prefix per row, and the share of rows that are identical."""
+    pref = [next((i for i, (x, y) in enumerate(zip(r, s, strict=False)) if x != y), min(len(r), len(s)))
+            for r, s in zip(a, b, strict=True)]
+    same = [r == s for r, s in zip(a, b, strict=True)]
+    return statistics.mean(pref), sum(same) / len(same)
+
+
+def logprob_diff(model: Any, tok: Any, prompts: list[list[int]], out: Any, rows: int = 16) -> tuple[float, float]:
+    """|sampled log-prob - trainer recompute| over the first `rows` completions (prompts of equal length)."""
+    import torch
+    from launchgen.trainers.modeling import per_token_logps
+
+    dev = next(model.parameters()).device
+    comp = out.completion_ids[:rows]
+    width = max(1, max(len(c) for c in comp))
+    cids = torch.full((len(comp), width), tok.pad_token_id, dtype=torch.long, device=dev)
+    cmask = torch.zeros_like(cids)
+    for i, c in enumerate(comp):
+        if c:
+            cids[i, : len(c)] = torch.tensor(c, device=dev)
+            cmask[i, : len(c)] = 1
+    pids = torch.tensor(prompts[:rows], device=dev)  # equal lengths: no padding
+    with torch.no_grad():
+        want, _ = per_token_logps(model, pids, torch.ones_like(pids), cids, cmask, 1.0)
+    got = torch.zeros_like(want)
+    for i, row in enumerate(out.logprobs[:rows]):
+        if row:
+            got[i, : len(row)] = torch.tensor([float(x or 0.0) for x in row], device=dev)
+    diff = (got - want).abs()[cmask.bool()]
+    return float(diff.mean()), float(diff.max())
+
+
 def bench_generation(model_dir: Path, shape: Shape, a: argparse.Namespace) -> dict[str, Any]:
     """FastGenerateBackend alone on the full batch, against the weights-read floor of one decode step."""
     import torch
@@ -535,46 +585,15 @@ def bench_generation(model_dir: Path, shape: Shape, a: argparse.Namespace) -> di
     with torch.no_grad():
         hf = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, ids.shape[1]:].tolist()
-    ours = g_graph[:: a.generations]
-    agree = [next((i for i, (x, y) in enumerate(zip(o, h, strict=False)) if x != y), min(len(o), len(h)))
-             for o, h in zip(ours, hf, strict=True)]
-    res["hf_greedy_prefix_agreement"] = statistics.mean(agree)
+    res["hf_greedy_prefix_agreement"], _ = prefix_agreement(g_graph[:: a.generations], hf)
     try:
-        from launchgen.trainers.modeling import per_token_logps
-
-        comp = out.completion_ids[:16]
-        width = max(len(c) for c in comp)
-        cids = torch.full((len(comp), width), tok.pad_token_id, dtype=torch.long, device=model.device)
-        cmask = torch.zeros_like(cids)
-        for i, c in enumerate(comp):
-            cids[i, : len(c)] = torch.tensor(c, device=model.device)
-            cmask[i, : len(c)] = 1
-        pids = torch.tensor(batch[:16], device=model.device)
-        with torch.no_grad():
-            want, _ = per_token_logps(model, pids, torch.ones_like(pids), cids, cmask, 1.0)
-        got = torch.zeros_like(want)
-        assert out.logprobs is not None
-        for i, row in enumerate(out.logprobs[:16]):
-            got[i, : len(row)] = torch.tensor([float(x or 0.0) for x in row], device=model.device)
-        diff = (got - want).abs()[cmask.bool()]
-        res["logprob_absdiff_mean"] = float(diff.mean())
-        res["logprob_absdiff_max"] = float(diff.max())
+        res["logprob_absdiff_mean"], res["logprob_absdiff_max"] = logprob_diff(model, tok, batch, out)
     except Exception as e:  # the check is informative; the timing above stands on its own
         res["logprob_check_error"] = f"{type(e).__name__}: {e}"
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     res["weight_gb"] = weight_bytes / 1e9
     if cuda:
-        # Copy bandwidth measured here (bytes read + written) rather than the datasheet.
-        buf = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(buf)
-        for _ in range(3):
-            dst.copy_(buf)
-        t = clock.now()
-        for _ in range(10):
-            dst.copy_(buf)
-        dt = (clock.now() - t) / 10
-        res["copy_tb_s"] = 2 * buf.numel() / dt / 1e12
-        del buf, dst
+        res["copy_tb_s"] = copy_bandwidth_tb_s(clock)
         res["floor_ms"] = 1e3 * weight_bytes / (res["copy_tb_s"] * 1e12)
         res["x_floor"] = res["ms_per_decode_step"] / res["floor_ms"]
         # A graph-replayed decode step with the sampler alone (no forward) isolates fixed per-step cost.
