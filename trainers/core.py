@@ -624,7 +624,8 @@ class OnlineRLTrainer:
         rows = self.batch_rows(mb)
         if limit is None or rows * self.row_width(mb) <= limit:
             return [(mb, 1.0)]
-        lengths = self.row_lengths(mb).tolist()  # one host sync per micro-batch, only when passes are on
+        row_lengths = self.row_lengths(mb)
+        lengths = row_lengths.tolist()  # one host sync per micro-batch, only when passes are on
         unit = 2 if self.is_dpo else 1  # a (chosen, rejected) pair never spans passes
         units = [list(range(i, min(i + unit, rows))) for i in range(0, rows, unit)]
         units.sort(key=lambda u: -max(lengths[r] for r in u))  # stable: ties keep their order
@@ -640,7 +641,7 @@ class OnlineRLTrainer:
                 width = u_width  # the first unit of a pass is its widest
         parts: list[tuple[dict[str, Any], Stat]] = []
         for g in groups:
-            idx = torch.tensor(sorted(g), dtype=torch.long, device=self.row_lengths(mb).device)
+            idx = torch.tensor(sorted(g), dtype=torch.long, device=row_lengths.device)
             keep = max(1, max(lengths[r] for r in g))
             part: dict[str, Any] = {}
             for k, v in mb.items():

@@ -15,6 +15,7 @@ Because it runs inside the head's own forward, the head weight is whatever FSDP/
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 from collections.abc import Iterator
@@ -392,18 +393,15 @@ class _HeadState:
     liger_metrics: list[torch.Tensor] = field(default_factory=list)
 
 
-_compiled_chunk_logps: Any = None
+@functools.cache
+def _compiled_chunk(backend: str) -> Any:
+    return torch.compile(_chunk_logps, dynamic=None, backend=backend)
 
 
 def _chunk_fn(compiled: bool) -> Any:
-    """`_chunk_logps`, compiled once per process when asked (fuses the upcast, 1/T, log-softmax, gather and entropy
-    into a few kernels over the fp32 chunk instead of a round trip to memory each)."""
-    global _compiled_chunk_logps
-    if not compiled:
-        return _chunk_logps
-    if _compiled_chunk_logps is None:
-        _compiled_chunk_logps = torch.compile(_chunk_logps, dynamic=None, backend=COMPILE_BACKEND)
-    return _compiled_chunk_logps
+    """`_chunk_logps`, compiled once per process and backend when asked (fuses the upcast, 1/T, log-softmax, gather
+    and entropy into a few kernels over the fp32 chunk instead of a round trip to memory each)."""
+    return _compiled_chunk(COMPILE_BACKEND) if compiled else _chunk_logps
 
 
 class LogpHead:

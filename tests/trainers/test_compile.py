@@ -55,7 +55,6 @@ def dynamo_eager(monkeypatch: pytest.MonkeyPatch) -> Any:
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr(modeling, "COMPILE_BACKEND", "eager")
-    monkeypatch.setattr(modeling, "_compiled_chunk_logps", None)
     torch._dynamo.reset()
     counters.clear()
     yield counters
@@ -122,14 +121,37 @@ def test_generation_runs_layers_eagerly(dynamo_eager: Any, tiny_model_dir: Path)
 def test_grpo_run_with_compiled_layers_matches_plain(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dynamo_eager: Any
 ) -> None:
+    from launchgen.trainers import core, modeling
+
     monkeypatch.syspath_prepend(str(HERE))
+    # Generation must run the layers eagerly when they are compiled: record the switch at every generate call.
+    eager_at_generate: list[int] = []
+    make_backend = core.make_backend
+
+    def spying(*args: Any) -> Any:
+        backend = make_backend(*args)
+        generate = backend.generate
+
+        def gen(*a: Any, **k: Any) -> Any:
+            eager_at_generate.append(modeling._EagerSwitch.depth)
+            return generate(*a, **k)
+
+        backend.generate = gen
+        return backend
+
+    monkeypatch.setattr(core, "make_backend", spying)
     common: dict[str, Any] = {"num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 3, "beta": 0.04}
     runs = {}
+    depths = {}
     for name, flag in (("plain", False), ("compiled", True)):
         cfg = toy_cfg(tmp_path, tiny_model_dir, name, "grpo", **common)
         cfg["model"]["compile"] = flag
+        eager_at_generate.clear()
         assert run_cfg(cfg) == 0
         runs[name] = read_metrics(tmp_path / name)
+        depths[name] = list(eager_at_generate)
+    assert depths["plain"] == [0, 0, 0]  # nothing compiled, nothing to switch off
+    assert depths["compiled"] == [1, 1, 1]
     assert dynamo_eager["stats"]["unique_graphs"] >= 2  # the compiled run compiled (grad and no-grad graphs)
     for a, b in zip(runs["plain"], runs["compiled"], strict=True):
         for key in ("loss", "reward", "kl", "entropy", "grad_norm"):

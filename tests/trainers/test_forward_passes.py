@@ -219,3 +219,25 @@ def test_trimmed_passes_of_varied_lengths_give_the_micro_batch_gradient(
     worst = max(float((g_whole[k] - g_split[k]).norm() / g_whole[k].norm().clamp(min=1e-12)) for k in g_whole)
     assert worst < 1e-4, worst
     assert math.isclose(m_whole["loss"], m_split["loss"], rel_tol=1e-4, abs_tol=1e-7)
+
+
+def test_passes_are_refused_under_deepspeed() -> None:
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.core import OnlineRLTrainer
+    from launchgen.trainers.errors import TrainerSetupError
+
+    def cfg(limit: int | None) -> TrainerConfig:
+        return TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},
+                                             "data": {"path": "/nonexistent/prompts.jsonl"}, "precision": "fp32",
+                                             "max_tokens_per_forward": limit})
+
+    acc = SimpleNamespace(num_processes=1, distributed_type=DistributedType.DEEPSPEED)
+    with pytest.raises(TrainerSetupError, match="max_tokens_per_forward is not supported under DeepSpeed"):
+        OnlineRLTrainer(cfg(4096), accelerator=acc).setup()
+    # Without passes set-up goes on (and stops later, at the missing data file, for another reason).
+    with pytest.raises(Exception) as other:
+        OnlineRLTrainer(cfg(None), accelerator=acc).setup()
+    assert "DeepSpeed" not in str(other.value)

@@ -42,14 +42,18 @@ def _reference(model, pid, pmask, cid, cmask, T):
     return lp * cmask
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["own-backward", "checkpointed"])
+@pytest.mark.parametrize("fused,compiled", [(True, True), (True, False), (False, True)],
+                         ids=["own-backward", "checkpointed", "checkpointed-compiled"])
 @pytest.mark.parametrize("chunk_elements", [modeling.LOGITS_CHUNK_ELEMENTS, 1])
-def test_logps_match_full_logits_and_grads(model_and_tok, monkeypatch, chunk_elements: int, fused: bool) -> None:
+def test_logps_match_full_logits_and_grads(model_and_tok, monkeypatch, chunk_elements: int, fused: bool,
+                                           compiled: bool) -> None:
     model, _ = model_and_tok
     # 1 -> one position per chunk
     monkeypatch.setattr(modeling.get_logp_head(model), "chunk_elements", chunk_elements)
-    # The own-backward head runs with compiled tiles only; dynamo's "eager" backend traces without code generation.
-    monkeypatch.setattr(modeling.get_logp_head(model), "compiled", fused)
+    # The own-backward head runs with compiled tiles only (uncompiled, or with `fused` off for sharded weights, the
+    # checkpointed chunks run); dynamo's "eager" backend traces without code generation.
+    monkeypatch.setattr(modeling.get_logp_head(model), "fused", fused)
+    monkeypatch.setattr(modeling.get_logp_head(model), "compiled", compiled)
     monkeypatch.setattr(modeling, "COMPILE_BACKEND", "eager")
     pid, pmask, cid, cmask = _batch()
     lp, ent = modeling.per_token_logps(model, pid, pmask, cid, cmask, temperature=0.7)
