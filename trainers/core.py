@@ -170,22 +170,15 @@ def _detached(value: Stat) -> Stat:
     return value.detach().to(torch.float64) if isinstance(value, torch.Tensor) else value
 
 
-def _extreme(prev: Stat | None, value: Stat, take_min: bool) -> Stat | None:
-    """NaN-ignoring running min/max; device tensors stay on the device (no host sync per micro-batch)."""
-    if isinstance(value, torch.Tensor):
-        v = value.detach().to(torch.float64).reshape(())
-        v = torch.where(torch.isfinite(v), v, torch.full_like(v, math.nan))
-        if prev is None:
-            return v
-        p = torch.as_tensor(prev, dtype=torch.float64, device=v.device)
-        return torch.fmin(p, v) if take_min else torch.fmax(p, v)
-    if math.isnan(value) or math.isinf(value):
-        return prev
+def _extreme(prev: torch.Tensor | None, value: Stat, take_min: bool) -> torch.Tensor:
+    """NaN-ignoring running min/max as a float64 tensor on the value's device (no host sync per micro-batch);
+    non-finite values count as missing, and a key that only ever saw missing values reduces to nothing."""
+    v = torch.as_tensor(_detached(value), dtype=torch.float64).reshape(())
+    v = torch.where(torch.isfinite(v), v, torch.full_like(v, math.nan))
     if prev is None:
-        return value
-    if isinstance(prev, torch.Tensor):
-        return _extreme(value, prev, take_min)
-    return min(prev, value) if take_min else max(prev, value)
+        return v
+    p = prev.to(v.device)
+    return torch.fmin(p, v) if take_min else torch.fmax(p, v)
 
 
 @dataclass
@@ -198,8 +191,8 @@ class StepStats:
 
     loss: Stat = 0.0
     sums: dict[str, Stat] = field(default_factory=dict)
-    mins: dict[str, Stat] = field(default_factory=dict)
-    maxs: dict[str, Stat] = field(default_factory=dict)
+    mins: dict[str, torch.Tensor] = field(default_factory=dict)
+    maxs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def add(self, key: str, value: Stat) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + _detached(value)
@@ -210,14 +203,10 @@ class StepStats:
         self.add(f"mean:{name}:n", count)
 
     def min(self, key: str, value: Stat) -> None:
-        r = _extreme(self.mins.get(key), value, take_min=True)
-        if r is not None:
-            self.mins[key] = r
+        self.mins[key] = _extreme(self.mins.get(key), value, take_min=True)
 
     def max(self, key: str, value: Stat) -> None:
-        r = _extreme(self.maxs.get(key), value, take_min=False)
-        if r is not None:
-            self.maxs[key] = r
+        self.maxs[key] = _extreme(self.maxs.get(key), value, take_min=False)
 
 
 def _as_f64(value: Stat, device: torch.device) -> torch.Tensor:
