@@ -253,6 +253,19 @@ def resolve_compile(cfg: TrainerConfig, device_type: str, distributed_type: str)
     return CompilePlan(layers=layers, head=cuda)
 
 
+def dynamo_recompile_limit_name() -> str | None:
+    """Dynamo's per-code-object compile limit: `recompile_limit` from torch 2.7, `cache_size_limit` before (the
+    trainers support torch >= 2.6); None without dynamo."""
+    try:
+        import torch._dynamo.config as dynamo_config
+    except Exception:  # no dynamo: nothing is compiled either
+        return None
+    for name in ("recompile_limit", "cache_size_limit"):
+        if isinstance(getattr(dynamo_config, name, None), int):
+            return name
+    return None
+
+
 class _EagerSwitch:
     """Process-wide switch that sends compiled decoder layers back to their eager forward.
 
@@ -299,8 +312,10 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
         )
     # Dynamo keys its cache on the code object, shared by all layers; if anything in a layer still guards per
     # instance, the default limit (8) would silently leave most layers eager.
-    cfg = torch._dynamo.config
-    cfg.recompile_limit = max(int(cfg.recompile_limit), 4 * len(layers))
+    name = dynamo_recompile_limit_name()
+    if name is not None:
+        cfg = torch._dynamo.config
+        setattr(cfg, name, max(int(getattr(cfg, name)), 4 * len(layers)))
     for layer in layers:
         if isinstance(layer.forward, _LayerForward):
             continue

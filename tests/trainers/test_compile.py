@@ -156,3 +156,15 @@ def test_grpo_run_with_compiled_layers_matches_plain(
     for a, b in zip(runs["plain"], runs["compiled"], strict=True):
         for key in ("loss", "reward", "kl", "entropy", "grad_norm"):
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a[key], b[key])
+
+
+def test_compiling_layers_raises_the_recompile_limit(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
+                                                     dynamo_eager: Any) -> None:
+    import torch._dynamo.config as dynamo_config
+    from launchgen.trainers import modeling
+
+    name = modeling.dynamo_recompile_limit_name()
+    assert name in ("recompile_limit", "cache_size_limit")
+    monkeypatch.setattr(dynamo_config, name, 2)
+    model = modeling.load_model(_cfg(tiny_model_dir), trainable=True, compile=modeling.CompilePlan(True, False))
+    assert getattr(dynamo_config, name) == 4 * len(model.get_decoder().layers)

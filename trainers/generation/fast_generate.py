@@ -333,17 +333,14 @@ def _fused_spec(decoder: Any, lm_head: Any, cfg: Any, device: torch.device) -> _
 
 def _recompile_limit_patch() -> contextlib.AbstractContextManager[Any]:
     """Raise dynamo's recompile limit for the duration of a call (torch without torch.compile(recompile_limit=))."""
-    try:
-        import torch._dynamo.config as dynamo_config
-    except Exception:  # no dynamo: nothing was compiled either
+    from launchgen.trainers.modeling import dynamo_recompile_limit_name
+
+    name = dynamo_recompile_limit_name()
+    if name is None:
         return contextlib.nullcontext()
-    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.7
-        try:
-            current = int(getattr(dynamo_config, name))
-        except (AttributeError, TypeError, ValueError):
-            continue
-        return dynamo_config.patch({name: max(current, _RECOMPILE_LIMIT)})
-    return contextlib.nullcontext()
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch({name: max(int(getattr(dynamo_config, name)), _RECOMPILE_LIMIT)})
 
 
 def _no_recompile() -> contextlib.AbstractContextManager[Any]:
