@@ -1031,13 +1031,22 @@ def server_reachable(ctx: Ctx) -> Iterator[Issue]:
 
 for _code, _title, _fix in (
     ("LG000", "The spec file cannot be read.", "Pass the path of an existing, readable spec file."),
-    ("LG001", "The spec is not valid YAML, or not a mapping.", "Fix the YAML syntax at that line."),
+    ("LG001", "The spec is not valid YAML, not UTF-8 text, too large (over 1 MiB, or aliases expanding past "
+     "100,000 values), recursive, or not a mapping.", "Fix the YAML syntax at that line."),
     ("LG002", "Unknown key.", "Remove the key or correct its spelling (`launchgen schema` lists every field)."),
     ("LG003", "A required field is missing.", "Add the field; `launchgen init` writes a commented starter spec."),
     ("LG004", "A value has the wrong type or is out of range.",
      "Give the field a value of the documented type and range (`launchgen schema`)."),
+    ("LG006", "A key appears twice in one mapping (YAML would keep only the last).", "Keep one of the two entries."),
 ):
     _doc(_code, "error", _title, _fix)
+_doc("LG005", "warning", "The vllm section is present but empty (its keys commented out), so there is no vLLM.",
+     "Delete the `vllm:` line, or write `vllm: {}` for the server-mode defaults.")
+
+
+@check("LG005")
+def loader_warnings(ctx: Ctx) -> Iterator[Issue]:
+    yield from ctx.loaded.warnings
 
 
 # === running ==============================================================================================

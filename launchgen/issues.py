@@ -28,7 +28,9 @@ class Issue:
         where = self.file or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
-        text = f"{where}: {self.severity} {self.code} [{self.path}] {self.message}"
+        # a file-level problem (not YAML, too large) has no field: no empty `[]`
+        field = f" [{self.path}]" if self.path else ""
+        text = f"{where}: {self.severity} {self.code}{field} {self.message}"
         if self.fix:
             text += f" Fix: {self.fix}"
         return text

@@ -115,6 +115,12 @@ class SlurmSection(_Section):
     )
     max_restarts: int = Field(default=3, ge=0, description="Requeue at most this many times (SLURM_RESTART_COUNT).")
 
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_minutes(cls, v: Any) -> Any:
+        # `time: 480` is minutes, as sbatch reads it (the loader has already refused an unquoted 8:00:00)
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else v
+
     @field_validator("time")
     @classmethod
     def _time(cls, v: str) -> str:

@@ -116,7 +116,7 @@ SPEC = st.fixed_dictionaries(
 )
 
 _WORK = Path(tempfile.mkdtemp(prefix="launchgen-prop-"))
-_CODE_LINE = re.compile(r" error LG\d{3} \[")
+_CODE_LINE = re.compile(r" error LG\d{3} ")  # `[field]` follows when the issue has one
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
