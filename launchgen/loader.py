@@ -70,7 +70,7 @@ def issues_from_validation(
         # drop pydantic's synthetic loc parts (e.g. "function-after[...]")
         loc = tuple(p for p in (*prefix, *e["loc"]) if not (isinstance(p, str) and "[" in p))
         code, fix = _PYDANTIC_CODES.get(e["type"], _DEFAULT_CODE)
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = f"unknown key `{loc[-1] if loc else ''}`"
         elif e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], (dict, list)):

@@ -7,33 +7,80 @@ so they state defaults and units. Nothing here decides nodes, GPUs or ports: tha
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from launchgen import directives
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, Precision, TrainerName
 
 SPEC_VERSION = 1
 
-_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})$|^(\d+)$")
-# sbatch directives we generate ourselves; users must use the typed fields for these so the plan stays true.
-RESERVED_DIRECTIVES = (
-    "--nodes", "-N", "--ntasks", "-n", "--gres", "--gpus-per-node", "--gpus", "--job-name", "-J",
-    "--output", "-o", "--error", "-e", "--signal", "--requeue", "--no-requeue", "--time", "-t",
-    "--partition", "-p", "--account", "-A", "--qos", "--exclusive", "--open-mode",
-)
+# Patterns are applied with fullmatch: `$` alone lets a trailing newline through, which splits an #SBATCH line.
+_JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TIME_RE = re.compile(r"(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})|(\d+)")
+_HOSTNAME_RE = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def one_line(v: str) -> str:
+    """No line breaks, tabs, escape sequences or other control characters (they corrupt the generated lines)."""
+    m = _CONTROL_RE.search(v)
+    if m:
+        raise ValueError(f"must not contain control characters (found {m.group()!r} at position {m.start()})")
+    return v
+
+
+def argument(v: str) -> str:
+    """A value that becomes one command-line word: one line, not empty, no surrounding blanks, no leading `-`
+    (which the program would read as an option)."""
+    one_line(v)
+    if not v.strip():
+        raise ValueError("must not be empty")
+    if v != v.strip():
+        raise ValueError("must not start or end with blanks")
+    if v.startswith("-"):
+        raise ValueError("must not start with `-` (it would be read as an option)")
+    return v
+
+
+def bareword(v: str) -> str:
+    """An `argument` without any blank inside."""
+    argument(v)
+    if any(c.isspace() for c in v):
+        raise ValueError("must not contain blanks")
+    return v
+
+
+def bind_address(v: str) -> str:
+    """`node`, an IP address (IPv6 optionally in brackets) or a host name."""
+    bareword(v)
+    # an all-numeric name is meant as an IPv4 address, so it must be one
+    if v == "node" or (_HOSTNAME_RE.fullmatch(v) and not re.fullmatch(r"[\d.]+", v)):
+        return v
+    try:
+        ipaddress.ip_address(v[1:-1] if v.startswith("[") and v.endswith("]") else v)
+    except ValueError:
+        raise ValueError("must be `node`, an IP address or a host name") from None
+    return v
+
+
+OneLine = Annotated[str, AfterValidator(one_line)]
+Argument = Annotated[str, AfterValidator(argument)]
+Bareword = Annotated[str, AfterValidator(bareword)]
+
+
 def parse_time_limit(value: str) -> int:
     """SLURM time (`MM:SS`, `HH:MM:SS`, `D-HH:MM:SS`, or minutes) -> seconds."""
-    m = _TIME_RE.match(value.strip())
+    m = _TIME_RE.fullmatch(value)
     if not m:
         raise ValueError(f"{value!r} is not a SLURM time limit (use HH:MM:SS, D-HH:MM:SS or minutes)")
     if m.group(5) is not None:
@@ -62,7 +109,7 @@ class JobSection(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _JOB_NAME_RE.match(v):
+        if not _JOB_NAME_RE.fullmatch(v):
             raise ValueError("must be 1-128 of letters, digits, `.`, `_`, `-`, starting with a letter or digit")
         if "hetjob" in v:
             # sbatch treats the word as a het-component separator in any #SBATCH line
@@ -79,28 +126,30 @@ class RoleEnv(_Section):
     @classmethod
     def _names(cls, v: dict[str, str]) -> dict[str, str]:
         for k in v:
-            if not _ENV_NAME_RE.match(k):
+            if not _ENV_NAME_RE.fullmatch(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
 
 
 class SlurmSection(_Section):
-    partition: str | None = Field(default=None, description="`--partition`.")
-    account: str | None = Field(default=None, description="`--account`.")
-    qos: str | None = Field(default=None, description="`--qos`.")
+    partition: OneLine | None = Field(default=None, description="`--partition`.")
+    account: OneLine | None = Field(default=None, description="`--account`.")
+    qos: OneLine | None = Field(default=None, description="`--qos`.")
     time: str = Field(default="01:00:00", description="`--time` (HH:MM:SS, D-HH:MM:SS or minutes).")
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on each node of the partition.")
     gpu_request: Literal["gres", "gpus-per-node"] = Field(
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
-    gpu_type: str | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
+    gpu_type: OneLine | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
     cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
-    mem: str | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
+    mem: OneLine | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
-    extra_directives: list[str] = Field(
+    extra_directives: list[Annotated[str, AfterValidator(directives.validate)]] = Field(
         default_factory=list,
         description="Extra `#SBATCH` lines, verbatim (e.g. `--constraint=h100`). Options that launchgen "
-        "generates itself (nodes, gres, time, signal, ...) are refused: use the typed fields.",
+        "generates itself (nodes, tasks, gres/gpus, cpus-per-task, mem, time, signal, output, export, chdir, ...) "
+        "are refused in any spelling sbatch accepts (`-N3`, `--partit=`): use the typed fields. sbatch does not "
+        "expand `$VAR` here, so a `$` variable is refused too.",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -129,18 +178,10 @@ class SlurmSection(_Section):
 
     @field_validator("extra_directives")
     @classmethod
-    def _directives(cls, v: list[str]) -> list[str]:
-        for d in v:
-            s = d.strip()
-            if s.startswith("#SBATCH"):
-                raise ValueError(f"{d!r}: write the option only, without `#SBATCH`")
-            if not s.startswith("-"):
-                raise ValueError(f"{d!r}: an sbatch option starts with `-`")
-            if "\n" in d:
-                raise ValueError(f"{d!r}: one option per entry, no newlines")
-            head = s.split("=", 1)[0].split(None, 1)[0]
-            if head in RESERVED_DIRECTIVES:
-                raise ValueError(f"{head} is generated by launchgen; set it through the typed fields")
+    def _directives(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # the typed fields declared above extra_directives are in info.data already
+        for problem in directives.conflicts(v, {k: info.data.get(k) for k in ("mem", "cpus_per_task", "exclusive")}):
+            raise ValueError(problem)
         return v
 
     @property
@@ -149,8 +190,14 @@ class SlurmSection(_Section):
 
 
 class ModelSpec(_Section):
-    name_or_path: str = Field(description="Hub id or local path of the policy model (server and trainer load it).")
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    name_or_path: Argument = Field(
+        description="Hub id or local path of the policy model (server and trainer load it)."
+    )
+    revision: Bareword | None = Field(
+        default=None,
+        description="Hub revision (branch, tag or commit). An empty value is refused: omit the key for the "
+        "repository's default branch.",
+    )
     trust_remote_code: bool = Field(default=False, description="Allow the repo's own modeling code.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="Weights dtype; `auto` follows train.precision."
@@ -183,10 +230,10 @@ class VLLMSpec(_Section):
         "already hold it; 29551 sits beside the other launchgen ports, below that range.",
     )
     dp_rpc_port: int = Field(default=29550, description="`--data-parallel-rpc-port` when DP spans several nodes.")
-    bind: str = Field(
+    bind: Annotated[str, AfterValidator(bind_address)] = Field(
         default="node",
         description="Address the server listens on: `node` (the node's cluster address, default), `0.0.0.0`, "
-        "or an explicit address. Dev-mode routes are unauthenticated: widening this is warned about.",
+        "or an explicit address or host name. Dev-mode routes are unauthenticated: widening this is warned about.",
     )
     max_model_len: int | None = Field(default=None, ge=1, description="`--max-model-len`.")
     gpu_memory_utilization: float = Field(
@@ -201,8 +248,12 @@ class VLLMSpec(_Section):
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
     )
     extra_args: list[str] = Field(default_factory=list, description="Passed to `vllm serve` verbatim (each quoted).")
-    executable: str = Field(default="vllm", description="The `vllm` command (a path, or a name on PATH).")
-    version: str | None = Field(
+    executable: Bareword = Field(
+        default="vllm",
+        description="The `vllm` command: a path, or a name on PATH, without blanks (for `uv run vllm` and the "
+        "like, write a wrapper script and name it here).",
+    )
+    version: OneLine | None = Field(
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
 
@@ -246,7 +297,7 @@ class TrainSpec(_Section):
         description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
     )
     gradient_checkpointing: bool = Field(default=False)
-    cuda_version: str | None = Field(
+    cuda_version: OneLine | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )
     args: dict[str, Any] = Field(
