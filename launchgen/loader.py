@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from launchgen import yamlguard
+from launchgen import hints, yamlguard
 from launchgen.issues import Issue, SpecError
 from launchgen.spec import Spec
 from launchgen.yamlguard import GuardError
@@ -27,6 +27,8 @@ _PYDANTIC_CODES: dict[str, tuple[str, str]] = {
     "missing": ("LG003", "Add the field; `launchgen init` writes a commented starter spec."),
 }
 _DEFAULT_CODE = ("LG004", "Give the field a value of the documented type and range (`launchgen schema`).")
+#: the generic fixes above; a caller that has a better generic fix replaces only these
+PYDANTIC_FIXES = frozenset(f for _c, f in (*_PYDANTIC_CODES.values(), _DEFAULT_CODE))
 
 
 @dataclass
@@ -62,23 +64,39 @@ def dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
 
+def _user_loc(raw: tuple[Any, ...], lines: dict[LinePath, int]) -> LinePath:
+    """pydantic's loc without its synthetic parts (`function-after[...]`, `list[int]`); a key the user wrote
+    is kept even when it contains brackets."""
+    kept: list[str | int] = []
+    for p in raw:
+        if isinstance(p, str) and "[" in p and (*kept, p) not in lines:
+            continue
+        kept.append(p)
+    return tuple(kept)
+
+
 def issues_from_validation(
-    err: ValidationError, lines: dict[LinePath, int], file: str | None, prefix: LinePath = ()
+    err: ValidationError, lines: dict[LinePath, int], file: str | None, prefix: LinePath = (),
+    model: type[BaseModel] = Spec,
 ) -> list[Issue]:
+    """One issue per pydantic error; `model` is the class that raised it (at `prefix` of the spec)."""
     issues = []
     for e in err.errors():
-        # drop pydantic's synthetic loc parts (e.g. "function-after[...]")
-        loc = tuple(p for p in (*prefix, *e["loc"]) if not (isinstance(p, str) and "[" in p))
+        loc = _user_loc((*prefix, *e["loc"]), lines)
         code, fix = _PYDANTIC_CODES.get(e["type"], _DEFAULT_CODE)
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = hints.message(dict(e))
         if e["type"] == "extra_forbidden":
             msg = f"unknown key `{loc[-1] if loc else ''}`"
-        elif e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], (dict, list)):
+            fix = hints.unknown_key_fix(model, loc[len(prefix):], dotted(loc)) or fix
+        elif e["type"] == "literal_error":
+            fix = hints.choice_fix(dict(e)) or fix
+        if e["type"] not in ("missing", *_NO_GOT) and "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         issues.append(Issue(code, dotted(loc), msg, fix, "error", line_of(lines, loc), file))
-    return issues
+    return sorted(issues, key=lambda i: i.line or 0)
 
 
+_NO_GOT = ("extra_forbidden", "model_type", "model_attributes_type", "dict_type")
 _GUARD_CODES = {"syntax": "LG001", "duplicate": "LG006", "value": "LG004"}
 #: Top-level sections whose empty form (`slurm:` with every child commented out) means "all defaults".
 _DEFAULTED_SECTIONS = ("job", "slurm", "model", "train")
