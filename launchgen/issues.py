@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launchgen.visible import visible
+
 Severity = Literal["error", "warning", "info"]
 
 
@@ -33,7 +35,8 @@ class Issue:
         text = f"{where}: {self.severity} {self.code}{field} {self.message}"
         if self.fix:
             text += f" Fix: {self.fix}"
-        return text
+        # one line each, and nothing from the spec (a key, a value) may drive the terminal
+        return visible(text)
 
 
 @dataclass

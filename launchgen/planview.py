@@ -12,10 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
+from launchgen.visible import visible
 
 
 def _word(w: Word) -> str:
-    return str(w) if isinstance(w, Ref) else shlex.quote(w)
+    return str(w) if isinstance(w, Ref) else visible(shlex.quote(w))
 
 
 def command_line(argv: tuple[Word, ...]) -> str:
@@ -85,7 +86,8 @@ def endpoint_table(plan: Plan) -> Table:
 
 
 def _env_value(e: EnvVar) -> str:
-    return escape(shlex.quote(e.value)) if e.literal else f"{escape(e.value)}  [dim](run time)[/dim]"
+    value = visible(shlex.quote(e.value) if e.literal else e.value)
+    return escape(value) if e.literal else f"{escape(value)}  [dim](run time)[/dim]"
 
 
 def env_table(plan: Plan) -> Table:
@@ -145,7 +147,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             # piped or captured: no terminal width to respect, and a wrapped GPU map is unreadable
             console = Console(width=max(console.width, 160))
     for line in summary_lines(plan):
-        console.print(line, highlight=False, markup=False)
+        console.print(visible(line), highlight=False, markup=False)
     console.print(gpu_map(plan))
     console.print(port_table(plan))
     console.print(endpoint_table(plan))

@@ -16,6 +16,7 @@ from launchgen.cli.common import (
     strict_option,
     summary,
 )
+from launchgen.visible import visible
 
 HELP = """\
 Check each SPEC (`-` reads the spec from stdin): field rules, cross-field checks (GPUs, TP/DP, ports, modes, kernels, precision, versions) and the plan.
@@ -64,7 +65,7 @@ def _check_one(spec: str, *, live: bool, strict: bool, explain: bool, fmt: str) 
         print_issues(issues)
         counts = summary(issues)
         status = "FAILED" if failed else "ok"
-        name = "<stdin>" if spec == "-" else spec
+        name = "<stdin>" if spec == "-" else visible(spec)
         click.echo(f"{name}: {status} ({counts['error']} error(s), {counts['warning']} warning(s), "
                    f"{counts['info']} info)", err=True)
         if explain and plan is not None:

@@ -9,6 +9,7 @@ import time
 import click
 
 from launchgen.status import JobStatus, StatusError, collect
+from launchgen.visible import visible
 
 
 def _ts(v: float | None) -> str:
@@ -26,11 +27,13 @@ def _rel(path: str | None, job_dir: str | None) -> str:
 
 def _print_rich(st: JobStatus) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console()
     sch = st.scheduler
-    con.print(f"[bold]job {st.job_id}[/bold]" + (f" ({sch.job_name})" if sch and sch.job_name else ""))
+    con.print(f"[bold]job {st.job_id}[/bold]" + (f" ({escape(visible(sch.job_name))})" if sch and sch.job_name
+                                                else ""))
     con.print(st.summary)
     if sch is not None:
         bits = [f"state {sch.state}", f"exit {sch.exit_code}:{sch.exit_signal}"]
@@ -81,7 +84,7 @@ def _print_rich(st: JobStatus) -> None:
     if st.failed_log:
         con.print(f"[bold]last {len(st.failed_log_tail)} lines of {st.failed_log}[/bold]")
         for line in st.failed_log_tail:
-            con.print(line, markup=False, highlight=False)
+            con.print(visible(line), markup=False, highlight=False)
 
 
 @click.command("status")
