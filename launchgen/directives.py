@@ -68,6 +68,7 @@ RESERVED: dict[str, str] = {
     "chdir": "relative paths are relative to the submit directory; run sbatch from the directory you want",
     "array": "one spec is one job (the requeue and the %j paths assume it)",
     "wrap": "the generated script is the job",
+    **dict.fromkeys(("help", "usage", "version", "test-only"), "sbatch would not submit the job at all"),
 }
 #: Options that conflict only when a typed field is set: option -> (field, predicate on the section's values).
 CONFLICTS: dict[str, tuple[str, str]] = {
@@ -120,6 +121,7 @@ def options(directive: str) -> Iterator[Option]:
             name = resolve_long(w[2:].split("=", 1)[0])
             yield Option(w, name)
             if "=" not in w and LONG_OPTIONS.get(name) == "required":
+                _value_follows(ws, i, w)
                 i += 1  # the next word is its value
         elif w.startswith("-") and len(w) > 1:
             for j, ch in enumerate(w[1:], start=1):
@@ -127,10 +129,25 @@ def options(directive: str) -> Iterator[Option]:
                 yield Option(w, name)
                 if ch in SHORT_OPTIONS and ch not in _SHORT_NO_ARG:
                     if j == len(w) - 1:
+                        _value_follows(ws, i, w)
                         i += 1  # `-N 3`: the value is the next word
                     break  # `-N3`: the rest of the word is the value
         else:
             raise DirectiveError(f"{w!r} in {directive!r} is not an sbatch option (options start with `-`)")
+
+
+def no_variables(value: str) -> str:
+    """sbatch reads `#SBATCH` lines as they are: a `$VAR` there is never expanded."""
+    m = _VARIABLE.search(value)
+    if m:
+        raise DirectiveError(f"sbatch does not expand `{m.group()}` in #SBATCH lines (it would arrive literally); "
+                             "write the value itself")
+    return value
+
+
+def _value_follows(ws: list[str], i: int, option: str) -> None:
+    if i >= len(ws):
+        raise DirectiveError(f"{option} needs a value (sbatch refuses the script without one)")
 
 
 def validate(directive: str) -> str:
@@ -143,10 +160,7 @@ def validate(directive: str) -> str:
         raise DirectiveError(f"{directive!r}: write the option only, without `#SBATCH`")
     if not s.startswith("-"):
         raise DirectiveError(f"{directive!r}: an sbatch option starts with `-`")
-    m = _VARIABLE.search(s)
-    if m:
-        raise DirectiveError(f"{directive!r}: sbatch does not expand `{m.group()}` in #SBATCH lines (it would "
-                             "arrive literally); write the value itself")
+    no_variables(s)
     for opt in options(s):
         if opt.name in RESERVED:
             spelled = "" if opt.written.lstrip("-").startswith(opt.name) else f" (sbatch reads it as --{opt.name})"

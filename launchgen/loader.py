@@ -126,7 +126,15 @@ def _parse(text: str, file: str | None) -> tuple[Any, dict[LinePath, int], yaml.
             raise yamlguard.GuardError(problems)
     except yamlguard.GuardError as exc:
         raise _guard_issues(exc, file) from None
-    return yaml.SafeLoader("").construct_document(node), _lines(node), node
+    try:
+        data = yaml.SafeLoader("").construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        # a tag no safe constructor knows (`!python/object`, a bare `=`)
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecError([Issue("LG001", "", f"not valid YAML: {exc.problem or exc.context}",
+                               "Remove the tag; a spec holds plain mappings, lists, strings and numbers.", "error",
+                               mark.line + 1 if mark is not None else None, file)]) from None
+    return data, _lines(node), node
 
 
 def parse_yaml(text: str, file: str | None) -> tuple[Any, dict[LinePath, int]]:

@@ -73,7 +73,30 @@ def bind_address(v: str) -> str:
     return v
 
 
+def sbatch_value(v: str) -> str:
+    """A value launchgen writes into an `#SBATCH` line: one line, no `$VAR` (sbatch never expands it)."""
+    return directives.no_variables(one_line(v))
+
+
+def _pattern(regex: str, what: str) -> AfterValidator:
+    compiled = re.compile(regex)
+
+    def check(v: str) -> str:
+        if not compiled.fullmatch(v):
+            raise ValueError(f"must be {what}")
+        return v
+    return AfterValidator(check)
+
+
+def path_lengths(v: str) -> str:
+    """Linux refuses a path component over 255 bytes and a path over 4095 ("File name too long") at run time."""
+    if any(len(part.encode()) > 255 for part in v.split("/")) or len(v.encode()) > 4095:
+        raise ValueError("has a path component longer than 255 bytes or is longer than 4095 bytes")
+    return v
+
+
 OneLine = Annotated[str, AfterValidator(one_line)]
+SbatchValue = Annotated[str, AfterValidator(sbatch_value)]
 Argument = Annotated[str, AfterValidator(argument)]
 Bareword = Annotated[str, AfterValidator(bareword)]
 
@@ -94,7 +117,7 @@ def parse_time_limit(value: str) -> int:
 
 class JobSection(_Section):
     name: str = Field(description="Job name (`#SBATCH --job-name`); letters, digits, `.`, `_`, `-`.")
-    output_dir: str = Field(
+    output_dir: Annotated[str, AfterValidator(path_lengths)] = Field(
         default="launchgen-runs/%j",
         description="Where logs, the resolved spec and script, trainer configs and checkpoints go. "
         "`%j` is replaced at run time by the SLURM job id (by `local` under --bash). Relative paths are "
@@ -132,17 +155,19 @@ class RoleEnv(_Section):
 
 
 class SlurmSection(_Section):
-    partition: OneLine | None = Field(default=None, description="`--partition`.")
-    account: OneLine | None = Field(default=None, description="`--account`.")
-    qos: OneLine | None = Field(default=None, description="`--qos`.")
+    partition: SbatchValue | None = Field(default=None, description="`--partition`.")
+    account: SbatchValue | None = Field(default=None, description="`--account`.")
+    qos: SbatchValue | None = Field(default=None, description="`--qos`.")
     time: str = Field(default="01:00:00", description="`--time` (HH:MM:SS, D-HH:MM:SS or minutes).")
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on each node of the partition.")
     gpu_request: Literal["gres", "gpus-per-node"] = Field(
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
-    gpu_type: OneLine | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
+    gpu_type: Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, "
+                                      "`_`, `.`, `-`)")] | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
     cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
-    mem: OneLine | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
+    mem: Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
+                                 "suffix (`0` = all of the node's memory)")] | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
     extra_directives: list[Annotated[str, AfterValidator(directives.validate)]] = Field(
         default_factory=list,
@@ -297,7 +322,7 @@ class TrainSpec(_Section):
         description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
     )
     gradient_checkpointing: bool = Field(default=False)
-    cuda_version: OneLine | None = Field(
+    cuda_version: Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")] | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )
     args: dict[str, Any] = Field(

@@ -65,6 +65,9 @@ def test_trailing_newlines_and_blanks_do_not_pass_patterns(section: str, key: st
     ("vllm", "executable", ""), ("vllm", "executable", "--version"), ("vllm", "executable", "vllm\n"),
     ("vllm", "executable", "uv run vllm"),
     ("slurm", "partition", "gpu\x1b[31m"), ("slurm", "account", "a\tb"), ("train", "cuda_version", "12.8\n"),
+    ("slurm", "partition", "$PARTITION"), ("slurm", "account", "${ACCOUNT}"), ("slurm", "mem", "lots"),
+    ("slurm", "mem", "-1"), ("slurm", "gpu_type", "*"), ("slurm", "gpu_type", "h100:8"),
+    ("train", "cuda_version", "$(id)"), ("job", "output_dir", "runs/" + "x" * 256 + "/%j"),
 ])
 def test_command_line_words_are_validated(section: str, key: str, value: str) -> None:
     assert refused(spec_with(section, key, value)) == [("LG004", f"{section}.{key}")]
@@ -74,6 +77,12 @@ def test_command_line_words_are_validated(section: str, key: str, value: str) ->
                                   "n1.cluster.example.org"])
 def test_good_bind_addresses_pass(bind: str) -> None:
     assert load_spec_text(spec_with("vllm", "bind", bind), "spec.yaml").spec.vllm is not None
+
+
+@pytest.mark.parametrize(("key", "value"), [("mem", "0"), ("mem", "500G"), ("mem", "1024"), ("gpu_type", "h100"),
+                                            ("gpu_type", "a100_80g"), ("partition", "gpu-long")])
+def test_ordinary_sbatch_values_pass(key: str, value: str) -> None:
+    load_spec_text(spec_with("slurm", key, value), "spec.yaml")
 
 
 def test_paths_with_inner_spaces_pass() -> None:
@@ -103,7 +112,8 @@ def test_reserved_directives_in_any_spelling(directive: str) -> None:
 
 @pytest.mark.parametrize("directive", ["--comment=$SCRATCH/x", "--comment=${HOME}", "--comment=$(id)",
                                        "--constraint=h100\n--nodes=2", "--comment='unbalanced", "--ti=5",
-                                       "#SBATCH --constraint=x", "constraint=x"])
+                                       "#SBATCH --constraint=x", "constraint=x", "--help", "--test-only",
+                                       "--usage", "-x", "--constraint", "-C"])
 def test_malformed_directives(directive: str) -> None:
     assert refused(spec_with("slurm", "extra_directives", [directive])) == [("LG004", "slurm.extra_directives.0")]
 

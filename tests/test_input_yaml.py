@@ -138,6 +138,12 @@ def test_binary_or_non_utf8_is_lg001(tmp_path: Path, data: bytes) -> None:
     assert_refused(r, "LG001", None)
 
 
+@pytest.mark.parametrize("text", ["=\n", GOOD + "x: !python/object:os.system {}\n", GOOD + "y: !custom 1\n"])
+def test_unknown_tags_are_lg001(tmp_path: Path, text: str) -> None:
+    r = check_file(tmp_path, text)
+    assert_refused(r, "LG001", text.count("\n"))
+
+
 def test_control_character_in_the_file_is_lg001_with_its_line(tmp_path: Path) -> None:
     r = check_file(tmp_path, GOOD.replace("name: demo", "name: de\x1bmo"))
     assert_refused(r, "LG001", 2)
