@@ -148,7 +148,7 @@ def _blank_keys(root: yaml.Node | None) -> set[str]:
     if not isinstance(root, yaml.MappingNode):
         return set()
     return {k.value for k, v in root.value
-            if isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and v.value == "" and v.style is None}
+            if isinstance(k, yaml.ScalarNode) and isinstance(v, yaml.ScalarNode) and v.value == "" and not v.style}
 
 
 def _empty_sections(data: dict[Any, Any], blank: set[str], lines: dict[LinePath, int],

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
+from launchgen import yamlguard
 from launchgen.cli import main
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec_text
@@ -99,6 +101,19 @@ def test_deep_nesting_is_lg001(tmp_path: Path) -> None:
         r = check_file(tmp_path, text)
         assert_refused(r, "LG001", None)
         assert "nested too deeply" in r.stderr
+
+
+@pytest.mark.parametrize("text", [bomb(), GOOD + "x: &a [*a]\n", GOOD + "x: " + "[" * 3000 + "]" * 3000 + "\n",
+                                  GOOD + "t: 8:00:00\n" + GOOD.splitlines()[0] + "\n"],
+                         ids=["bomb", "recursive", "deep", "base60-and-duplicate"])
+def test_pure_python_yaml_is_guarded_too(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """Where PyYAML lacks libyaml, the pure-Python composer recurses and reports plain styles as None."""
+    monkeypatch.setattr(yamlguard, "_LOADER", yaml.SafeLoader)
+    with pytest.raises(SpecError) as exc:
+        load_spec_text(text, "spec.yaml")
+    assert exc.value.issues and all(i.code in ("LG001", "LG004", "LG006") for i in exc.value.issues)
+    if "8:00:00" in text:
+        assert {i.code for i in exc.value.issues} == {"LG004", "LG006"}
 
 
 def test_benign_aliases_still_work() -> None:
