@@ -1,13 +1,10 @@
 """Field rules that values must not slip past: full-match patterns, command-line words, sbatch directives in
-every spelling sbatch accepts (cross-checked with the real `sbatch --test-only` where it is installed), and the
-underscore spellings of vLLM flags launchgen owns."""
+every spelling sbatch accepts (tests/slurm/test_directives_sbatch.py cross-checks them with the real sbatch), and
+the underscore spellings of vLLM flags launchgen owns."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,26 +139,6 @@ def test_option_parsing_follows_getopt() -> None:
     assert names == ["hold", "nodes", "constraint", "no-requeue", "partition"]
     # `-C -N3`: -C takes the next word as its value, so -N3 is the constraint's value, not an option
     assert [o.name for o in directives.options("-C -N3")] == ["constraint"]
-
-
-SBATCH = shutil.which("sbatch")
-
-
-@pytest.mark.skipif(SBATCH is None, reason="cross-check with the real sbatch needs sbatch (the slurm suite has it)")
-@pytest.mark.parametrize("directive", ["-N3", "-pdebug", "--signa=USR1@5", "--no-req", "--partit=debug",
-                                       "--outp=x.out", "-c4", "-HN3"])
-def test_real_sbatch_reads_the_bypasses_as_reserved_options(tmp_path: Path, directive: str) -> None:
-    """The premise of the parser: sbatch itself reads these spellings as the reserved option (`-v` prints the
-    options it parsed)."""
-    script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH {directive}\ntrue\n")
-    r = subprocess.run([str(SBATCH), "-v", "--test-only", str(script)], capture_output=True, text=True,
-                       timeout=30, cwd=tmp_path)
-    expected = next(o.name for o in directives.options(directive) if o.name in directives.RESERVED)
-    # `sbatch: <option> : <value>` lines; the names are sbatch's own (cpus_per_task, no-requeue)
-    parsed = {ln[8:].split(":", 1)[0].strip().replace("_", "-") for ln in r.stderr.splitlines()
-              if ln.startswith("sbatch: ") and ":" in ln[8:]}
-    assert expected in parsed, f"{directive}: sbatch -v did not show --{expected}:\n{r.stderr}"
 
 
 # --- LG802 --------------------------------------------------------------------------------------------------------
