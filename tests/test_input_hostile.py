@@ -4,8 +4,8 @@ Each (field, payload) is either refused (every error has a code and a line, noth
 that bash parses, with the value on its own `#SBATCH` line where it is a directive value. Then, per payload, one
 spec carrying it in every field that accepted it is run as the rendered `--bash` script with recording
 stand-ins for `vllm` and `accelerate`: every value arrives byte for byte (argv, environment, trainer config, job
-directory) and the canary an injection would create never appears. Alias bombs and NUL are in
-test_input_yaml.py. `slurm.setup` is shell code by design and is not in the matrix.
+directory) and the canary an injection would create never appears. A hypothesis test throws generated text at
+random fields the same way. Alias bombs and raw NUL bytes are in test_input_yaml.py. `slurm.setup` is shell code by design and is not in the matrix.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Annotated, Any, get_args, get_origin
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from launchgen.checks import run_checks
@@ -256,3 +258,26 @@ def _assert_arrived(fields: list[str], value: str, server: dict[str, Any], train
     }
     for field in fields:
         assert checks[field](), (field, value)
+
+
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet=st.sampled_from("$`'\"\\;|&<>(){}[]*?!#~%\n\t\x00\x1b- aZ9é/=:@"), max_size=30),
+    st.sampled_from(list(PAYLOADS.values())).flatmap(lambda p: st.text(max_size=8).map(lambda t: p + t)),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(FIELDS), value=HOSTILE_TEXT)
+def test_random_values_refused_cleanly_or_rendered_intact(field: str, value: str) -> None:
+    issues, plan = outcome(with_value(field, value))
+    for i in issues:
+        assert CODE.fullmatch(i.code) and (i.line is not None or i.severity != "error") and i.message, i
+    if plan is None:
+        assert any(i.severity == "error" for i in issues)
+        return
+    sbatch = render_script(plan, "sbatch")
+    r = subprocess.run(["bash", "-n"], input=sbatch, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    header = [ln[8:] for ln in sbatch.splitlines() if ln.startswith("#SBATCH ")]
+    assert {"--signal=B:USR2@120", "--requeue", "--open-mode=append"} <= set(header)
