@@ -99,6 +99,10 @@ OneLine = Annotated[str, AfterValidator(one_line)]
 SbatchValue = Annotated[str, AfterValidator(sbatch_value)]
 Argument = Annotated[str, AfterValidator(argument)]
 Bareword = Annotated[str, AfterValidator(bareword)]
+GresType = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, `_`, `.`, `-`)")]
+MemSize = Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
+                                  "suffix (`0` = all of the node's memory)")]
+Version = Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")]
 
 
 def parse_time_limit(value: str) -> int:
@@ -163,11 +167,9 @@ class SlurmSection(_Section):
     gpu_request: Literal["gres", "gpus-per-node"] = Field(
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
-    gpu_type: Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, "
-                                      "`_`, `.`, `-`)")] | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
+    gpu_type: GresType | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
     cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
-    mem: Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
-                                 "suffix (`0` = all of the node's memory)")] | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
+    mem: MemSize | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
     extra_directives: list[Annotated[str, AfterValidator(directives.validate)]] = Field(
         default_factory=list,
@@ -322,7 +324,7 @@ class TrainSpec(_Section):
         description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
     )
     gradient_checkpointing: bool = Field(default=False)
-    cuda_version: Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")] | None = Field(
+    cuda_version: Version | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )
     args: dict[str, Any] = Field(
