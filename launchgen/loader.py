@@ -132,8 +132,8 @@ def _parse(text: str, file: str | None) -> tuple[Any, dict[LinePath, int], yaml.
         # a tag no safe constructor knows (`!python/object`, a bare `=`)
         mark = exc.problem_mark or exc.context_mark
         raise SpecError([Issue("LG001", "", f"not valid YAML: {exc.problem or exc.context}",
-                               "Remove the tag; a spec holds plain mappings, lists, strings and numbers.", "error",
-                               mark.line + 1 if mark is not None else None, file)]) from None
+                               "Write plain mappings with text keys, lists, strings and numbers (no tags, no "
+                               "complex keys).", "error", mark.line + 1 if mark is not None else None, file)]) from None
     return data, _lines(node), node
 
 
@@ -141,6 +141,33 @@ def parse_yaml(text: str, file: str | None) -> tuple[Any, dict[LinePath, int]]:
     """Text -> (data, line of every key path); hostile or mistaken YAML raises SpecError (LG001/LG004/LG006)."""
     data, lines, _node = _parse(text, file)
     return data, lines
+
+
+_YAML_KINDS = {"int": "number", "float": "number", "bool": "boolean", "timestamp": "date", "null": "null"}
+
+
+def _type_mismatch(issue: Issue) -> bool:
+    return issue.code == "LG004" and "valid string" in issue.message
+
+
+def _quote_hint(issue: Issue, nodes: dict[str, yaml.Node]) -> Issue:
+    """A text field given what YAML read as a number, a boolean or a date (`revision: 1.10` is 1.1, `on` is
+    true): say so, and how to quote it."""
+    node = nodes.get(issue.path)
+    if not _type_mismatch(issue) or not isinstance(node, yaml.ScalarNode) or node.style:
+        return issue
+    kind = _YAML_KINDS.get(node.tag.rsplit(":", 1)[-1])
+    if kind is None:
+        return issue
+    message = f"unquoted `{node.value}` is read by YAML as a {kind}, but this is a text field"
+    return Issue(issue.code, issue.path, message, f'Quote it: "{node.value}".', issue.severity, issue.line,
+                 issue.file)
+
+
+def _nodes_by_path(root: yaml.Node | None) -> dict[str, yaml.Node]:
+    if root is None:
+        return {}
+    return {dotted(p): node for p, node, _key, _first in yamlguard.walk(root)}
 
 
 def _blank_keys(root: yaml.Node | None) -> set[str]:
@@ -177,7 +204,9 @@ def load_spec_text(text: str, file: str | None = None) -> LoadedSpec:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(issues_from_validation(exc, lines, file)) from None
+        found = issues_from_validation(exc, lines, file)
+        nodes = _nodes_by_path(root) if any(_type_mismatch(i) for i in found) else {}
+        raise SpecError([_quote_hint(i, nodes) for i in found]) from None
     return LoadedSpec(spec=spec, path=file or "<spec>", text=text, lines=lines, warnings=warnings)
 
 

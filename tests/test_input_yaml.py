@@ -203,6 +203,21 @@ def test_unquoted_base60_time_says_quote_it(tmp_path: Path) -> None:
     assert 'Quote it: "8:00:00"' in r.stderr and "28800" in r.stderr
 
 
+@pytest.mark.parametrize(("line", "shown", "kind"), [
+    ("model: {name_or_path: m, revision: 1.10}", "1.10", "number"),
+    ("model: {name_or_path: m}\nslurm: {partition: on}", "on", "boolean"),
+    ("model: {name_or_path: 2026-01-01}", "2026-01-01", "date"),
+    ("model: {name_or_path: m}\nslurm: {env: {all: {HF_HUB_OFFLINE: 1}}}", "1", "number"),
+])
+def test_text_field_given_a_yaml_number_or_boolean_says_quote_it(line: str, shown: str, kind: str) -> None:
+    text = "job: {name: demo}\n" + line + "\n"
+    with pytest.raises(SpecError) as exc:
+        load_spec_text(text, "spec.yaml")
+    [issue] = exc.value.issues
+    assert issue.code == "LG004" and f"`{shown}` is read by YAML as a {kind}" in issue.message
+    assert issue.fix == f'Quote it: "{shown}".'
+
+
 def test_time_in_minutes_as_a_number_is_accepted() -> None:
     loaded = load_spec_text(GOOD + "slurm:\n  time: 480\n", "spec.yaml")
     assert loaded.spec.slurm.time_seconds == 480 * 60
