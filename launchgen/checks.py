@@ -12,6 +12,7 @@ Checks run in two stages. Spec checks see only the validated Spec (so they still
 once, when the spec is too broken to plan). If none of them is an error the plan is built and the plan checks
 run on it. Each check is written so that it never raises on odd input: a value of the wrong type in the free
 form `train.args` is the trainer config's problem (reported when the plan validates it), not a crash here.
+A third stage, `files` (`launchgen/preflight/`), reads what the spec names on disk; only `check` runs it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ WIDE_BINDS = ("0.0.0.0", "::", "[::]", "*")
 
 # --- registry ---------------------------------------------------------------------------------------------
 
-Stage = Literal["spec", "plan"]
+#: `files` checks read what the spec names on disk; only `check` runs them (see launchgen.preflight).
+Stage = Literal["spec", "plan", "files"]
 
 
 @dataclass(frozen=True)
@@ -1073,9 +1075,10 @@ def has_errors(issues: Iterable[Issue]) -> bool:
     return any(i.severity == "error" for i in issues)
 
 
-def run_checks(loaded: LoadedSpec, *, strict: bool = False,
-               env: Mapping[str, str] | None = None) -> tuple[Plan | None, list[Issue]]:
-    """Spec checks, then (if none is an error) the plan and the plan checks.
+def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, str] | None = None,
+               files: bool = False) -> tuple[Plan | None, list[Issue]]:
+    """Spec checks (and with `files` the checks of the files the spec names), then, if no spec check is an
+    error, the plan and the plan checks.
 
     Returns the plan (None when there are errors, strict included) and every issue, sorted by line.
     Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
@@ -1086,6 +1089,9 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False,
         issues = apply_strict(issues)
     if has_errors(issues):
         return None, sort_issues(issues)
+    if files:
+        file_issues = _run_stage(ctx, "files")
+        issues.extend(apply_strict(file_issues) if strict else file_issues)
     from launchgen.plan import build_plan  # deferred: checks load even where plan cannot be built
 
     try:
@@ -1104,7 +1110,7 @@ _RANGES = (
     ("LG0", "Loading the spec (`launchgen/loader.py`)"),
     ("LG1", "GPUs and topology"),
     ("LG2", "Tensor/data parallelism and the model"),
-    ("LG3", "Trainer world size, backend, batch"),
+    ("LG3", "Trainer world size, backend, batch, rewards, data"),
     ("LG4", "Ports"),
     ("LG5", "Mode rules (server, colocate, no vLLM)"),
     ("LG6", "Kernels and precision"),
@@ -1123,3 +1129,7 @@ def codes_markdown() -> str:
             d = CODES[code]
             out.append(f"| `{code}` | {d.severity} | {d.title.replace('|', '/')} | {d.fix.replace('|', '/')} |")
     return "\n".join(out) + "\n"
+
+
+# The file checks register themselves on import; imported last, as they use the registry above.
+from launchgen import preflight as _preflight  # noqa: E402,F401
