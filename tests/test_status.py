@@ -271,12 +271,12 @@ def test_cli_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     d = _jobdir(tmp_path, "job10")
     _fake_run(monkeypatch, (FIX / "scontrol-job10.txt").read_text())
     r = _cli(["status", "10", "--job-dir", str(d), "--format", "json"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # FAILED (the requeue cap): a failed job exits non-zero
     data = json.loads(r.output)
     assert data["first_to_end"] == "trainer" and data["attempt"] == 1
     assert data["scheduler"]["restarts"] == 1
     r = _cli(["status", "10", "--job-dir", str(d)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output
     for text in ("trainer", "preempted", "attempt: 1", "accounting (sacct): off", "trainer-node1.log"):
         assert text in r.output, r.output
 
