@@ -1077,21 +1077,18 @@ def has_errors(issues: Iterable[Issue]) -> bool:
 
 def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, str] | None = None,
                files: bool = False) -> tuple[Plan | None, list[Issue]]:
-    """Spec checks (and with `files` the checks of the files the spec names), then, if no spec check is an
-    error, the plan and the plan checks.
+    """Spec checks (and with `files` the checks of the files the spec names, which need only the Spec), then,
+    if no spec check is an error, the plan and the plan checks.
 
     Returns the plan (None when there are errors, strict included) and every issue, sorted by line.
     Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
     """
     ctx = Ctx(loaded, dict(os.environ) if env is None else env)
-    issues = _run_stage(ctx, "spec")
+    issues = _run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else [])
     if strict:
         issues = apply_strict(issues)
-    if has_errors(issues):
+    if any(i.severity == "error" and i.code not in _FILE_CODES for i in issues):
         return None, sort_issues(issues)
-    if files:
-        file_issues = _run_stage(ctx, "files")
-        issues.extend(apply_strict(file_issues) if strict else file_issues)
     from launchgen.plan import build_plan  # deferred: checks load even where plan cannot be built
 
     try:
@@ -1133,3 +1130,5 @@ def codes_markdown() -> str:
 
 # The file checks register themselves on import; imported last, as they use the registry above.
 from launchgen import preflight as _preflight  # noqa: E402,F401
+
+_FILE_CODES = frozenset(c for chk in CHECKS if chk.stage == "files" for c in chk.codes)

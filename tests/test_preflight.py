@@ -308,3 +308,10 @@ def test_every_file_check_code_is_tested_here() -> None:
     source = Path(__file__).read_text()
     codes = {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes} | {"LG730"}
     assert {c for c in codes if f'"{c}"' not in source} == set()
+
+
+def test_file_problems_are_reported_with_the_spec_errors(submit: Path) -> None:
+    """Everything at once: a GPU-layout error does not hide the missing data file."""
+    text = spec(data="absent.jsonl").replace("  device: cpu\n", "  gpus: [9]\n").replace("  precision: fp32\n", "")
+    r = check(text)
+    assert r.exit_code == 2 and lines(r, "LG101") and lines(r, "LG330"), r.stderr

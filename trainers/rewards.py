@@ -178,8 +178,10 @@ def resolve(name: str) -> RewardFn:
     if name in BUILTINS:
         return BUILTINS[name]
     if ":" not in name:
+        package, dot, func = name.rpartition(".")
+        hint = f"; write `{package}:{func}` (a colon before the function)" if dot and package and func else ""
         raise TrainerSetupError(
-            f"rewards: {name!r} is neither a built-in ({', '.join(BUILTINS)}) nor `package.module:function`"
+            f"rewards: {name!r} is neither a built-in ({', '.join(BUILTINS)}) nor `package.module:function`{hint}"
         )
     mod_name, _, attr = name.partition(":")
     try:
