@@ -236,6 +236,8 @@ def test_save_to_disk_folders(submit: Path) -> None:
     out = failed(check(spec(data="dd").replace("path: dd", "path: dd\n      split: validation")),
                  "LG331", "train.args.data.split", 12)
     assert "test, train" in out or "train, test" in out
+    datasets.Dataset.from_list(ROWS).select([]).save_to_disk(str(submit / "empty"))
+    assert "no rows" in failed(check(spec(data="empty")), "LG331", "train.args.data.path")
 
 
 def test_trainer_reads_save_to_disk_folders(submit: Path) -> None:

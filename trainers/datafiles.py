@@ -170,7 +170,7 @@ def saved_dataset(path: Path, split: str) -> SavedDataset:
         raise TrainerSetupError(f"data.path {root}: not a complete datasets save_to_disk folder ({e})") from e
     files = [root / str(f.get("filename")) for f in state.get("_data_files", []) if isinstance(f, dict)]
     if not files:
-        raise TrainerSetupError(f"data.path {root}: state.json lists no data files")
+        raise TrainerSetupError(f"data.path {root}: no rows (state.json lists no data files)")
     features = info.get("features") if isinstance(info, dict) else None
     return SavedDataset(root, files, list(features) if isinstance(features, dict) else [])
 
@@ -264,7 +264,9 @@ def peek_local(path: Path, split: str, n: int = PEEK_ROWS) -> Peek:
             if not saved.columns:
                 raise
             return Peek([], saved.columns)  # dataset_info.json names the columns; pyarrow would give rows
-        return Peek(rows, list(rows[0]) if rows else saved.columns)
+        if not rows:
+            raise TrainerSetupError(f"data.path {path}: no rows")
+        return Peek(rows, list(rows[0]))
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
