@@ -42,6 +42,8 @@ STATIC_PLAN_FILE = "launchgen-plan.static.json"
 LOCAL_JOB_ID = "local"
 EVENTS_FILE = "events.jsonl"
 ROLES = ("server", "trainer")
+#: `launchgen logs --role batch`: the batch script's own output
+BATCH_ROLE = "batch"
 _LOG_RE = re.compile(r"^(?P<role>server|trainer)-(?P<node>.+)\.log$")
 _ATTEMPT_RE = re.compile(r"^attempt-(?P<n>\d+)$")
 # `Key=value` pairs of `scontrol -o`; values may contain spaces (Command=, WorkDir=), so a pair ends only
@@ -913,13 +915,21 @@ def _collect_local(job_dir: str | Path | None, lines: int) -> JobStatus:
 
 
 def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None) -> RoleLog:
-    """The log `launchgen logs` prints: role, then node (name or position), then attempt (default: latest)."""
+    """The log `launchgen logs` prints: role, then node (name or position), then attempt (default: latest).
+    `batch` is the batch script's own output (sbatch --output), the one record of a script that died early."""
+    if role == BATCH_ROLE:
+        if st.batch_log is None:
+            raise StatusError(f"no batch log found for job {st.job_id} (a --bash run prints to its terminal)")
+        size = Path(st.batch_log).stat().st_size if Path(st.batch_log).is_file() else 0
+        host = st.scheduler.batch_host if st.scheduler and st.scheduler.batch_host else "batch host"
+        return RoleLog(BATCH_ROLE, host, st.attempt or 0, st.batch_log, size, 0.0)
     if role not in ROLES:
-        raise StatusError(f"--role {role!r}: use server or trainer")
+        raise StatusError(f"--role {role!r}: use server, trainer or {BATCH_ROLE}")
     cands = [lg for lg in st.logs if lg.role == role]
     if not cands:
         where = st.job_dir or "(job directory not found; pass --job-dir)"
-        raise StatusError(f"no {role} log under {where}/logs/attempt-*/")
+        batch = f"; the batch log ({st.batch_log}) may say why: --role {BATCH_ROLE}" if st.batch_log else ""
+        raise StatusError(f"no {role} log under {where}/logs/attempt-*/{batch}")
     atts = sorted({lg.attempt for lg in cands})
     want = attempt if attempt is not None else atts[-1]
     cands = [lg for lg in cands if lg.attempt == want]

@@ -505,3 +505,14 @@ def test_follow_moves_to_the_next_attempt_and_waits_for_a_missing_log(tmp_path: 
     waiting: list[str] = []
     follow(Target(None, True), lambda: Target(None, True), out.append, waiting.append, lines=5)
     assert waiting == []
+
+
+def test_logs_of_the_batch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = _early(tmp_path, monkeypatch)
+    r = _cli(["logs", "298", "--role", "trainer"])
+    assert r.exit_code == 2 and str(sub / "early-298.out") in r.output and "--role batch" in r.output, r.output
+    r = _cli(["logs", "298", "--role", "batch", "-n", "1"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith(".venv/bin/activate: No such file or directory"), r.stdout
+    r = _cli(["logs", "298", "--role", "batch", "--path-only"])
+    assert r.stdout.strip() == str(sub / "early-298.out")

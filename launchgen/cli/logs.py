@@ -1,4 +1,4 @@
-"""`launchgen logs JOBID --role server|trainer`: print one role's log of one attempt."""
+"""`launchgen logs JOBID --role server|trainer|batch`: print one role's log of one attempt (or the batch log)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import sys
 import click
 
 from launchgen.follow import Target, follow
-from launchgen.status import ROLES, StatusError, collect, select_log, tail
+from launchgen.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
 
 
 @click.command("logs")
 @click.argument("job_id")
-@click.option("--role", type=click.Choice(["server", "trainer"]), required=True)
+@click.option("--role", type=click.Choice([*ROLES, BATCH_ROLE]), required=True,
+              help=f"A step's log, or {BATCH_ROLE}: the batch script's own output (sbatch --output).")
 @click.option("--node", default=None, help="Node name (e.g. node2) or position among the role's nodes (0, 1, ...).")
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Attempt number; default: the latest.")
 @click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True, help="0 prints the whole log.")
@@ -60,7 +61,7 @@ def _target(job_id: str, job_dir: str | None, role: str, node: str | None, attem
     try:
         return Target(select_log(st, role, node, attempt).path, st.over)
     except StatusError:
-        if first and (st.over or any(lg.role == role for lg in st.logs) or role not in ROLES):
+        if first and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
             raise
         return Target(None, st.over)
 
