@@ -215,8 +215,8 @@ def test_json_is_peeked_not_read_whole(submit: Path) -> None:
 
 
 def test_parquet_columns(submit: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"prompt": "x", "solution": "1"}] * 3), submit / "ok.parquet")
     assert check(spec(data="ok.parquet")).exit_code == 0
@@ -225,7 +225,7 @@ def test_parquet_columns(submit: Path) -> None:
 
 
 def test_save_to_disk_folders(submit: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
     datasets.Dataset.from_list(ROWS).save_to_disk(str(submit / "ds"))
     assert check(spec(data="ds")).exit_code == 0
     datasets.Dataset.from_list([{"question": "x", "answer": "1"}]).save_to_disk(str(submit / "ds_q"))
@@ -241,7 +241,7 @@ def test_save_to_disk_folders(submit: Path) -> None:
 
 
 def test_trainer_reads_save_to_disk_folders(submit: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
     from launchgen.trainers.config import DataSection
     from launchgen.trainers.data import load_rows
 
