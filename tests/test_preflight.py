@@ -89,6 +89,7 @@ def test_misspelt_builtin_reward(submit: Path) -> None:
     out = failed(check(spec(extra=rewards("zzz"))), "LG320", "train.args.rewards.0.name")
     assert "module:function" in out
     failed(check(spec(extra=rewards("mod:"))), "LG320", "train.args.rewards.0.name")
+    assert "my_rewards.py" in failed(check(spec(extra=rewards("my-rewards:f"))), "LG320", "train.args.rewards.0.name")
 
 
 def test_trl_style_dotted_reward(submit: Path) -> None:

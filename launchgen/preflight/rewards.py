@@ -46,10 +46,14 @@ def _name_issue(ctx: Ctx, path: str, name: str) -> Issue | None:
     where = f"{path}.name" if path != "train.args.rewards" else path
     if ":" in name:
         mod, _, fn = name.partition(":")
-        if mod and fn and ":" not in fn:
-            return None
-        return ctx.issue("LG320", where, f"reward {name!r} is not `module:function`",
-                         f"write it as {FORM}, e.g. `my_rewards:brevity`")
+        if not (mod and fn and ":" not in fn):
+            return ctx.issue("LG320", where, f"reward {name!r} is not `module:function`",
+                             f"write it as {FORM}, e.g. `my_rewards:brevity`")
+        if not all(p.isidentifier() for p in mod.split(".")) or not fn.isidentifier():
+            return ctx.issue("LG320", where, f"reward {name!r}: {mod!r} / {fn!r} cannot be imported by name "
+                             "(Python names are letters, digits and _, dotted for packages)",
+                             f"rename the file to a valid module name (e.g. `{mod.replace('-', '_')}.py`)")
+        return None
     if "." in name and all(p.isidentifier() for p in name.split(".")):
         mod, _, fn = name.rpartition(".")
         return ctx.issue("LG321", where, f"reward {name!r} is a dotted path; launchgen loads `module:function`",
