@@ -49,9 +49,9 @@ def records(table: Table) -> list[str]:
     return out
 
 
-def print_table(console: Console, table: Table) -> None:
-    """The table when it fits the console, else its title and one record a line."""
-    if fits(console, table):
+def print_table(console: Console, table: Table, *, records_only: bool = False) -> None:
+    """The table when it fits the console (and records are not asked for), else its title and one record a line."""
+    if not records_only and fits(console, table):
         console.print(table)
         return
     if table.title:

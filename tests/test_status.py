@@ -277,6 +277,7 @@ def test_cli_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert data["scheduler"]["restarts"] == 1
     r = _cli(["status", "10", "--job-dir", str(d)])
     assert r.exit_code == 3, r.output
+    assert "┏" not in r.output and "  - attempt: 1; role: trainer; node: node1;" in r.output  # piped: records
     for text in ("trainer", "preempted", "attempt: 1", "accounting (sacct): off", "trainer-node1.log"):
         assert text in r.output, r.output
 

@@ -95,7 +95,8 @@ def _print_rich(st: JobStatus) -> None:
     con = Console()
     _header(con, st)
     for table in _tables(st):
-        print_table(con, table)
+        # piped (a mail, a grep, a CI log): one record a line, whatever the width
+        print_table(con, table, records_only=not con.is_terminal)
     for n in st.notes:
         print_text(con, f"note: {n}")
     if st.failed_log:
