@@ -43,11 +43,16 @@ def bomb(levels: int = 9, width: int = 9) -> str:
     return GOOD + "\n".join(lines) + "\n"
 
 
-def launchgen(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+#: the data file GOOD names, with the columns sft and the default reward read (check peeks at it)
+ROWS = '{"prompt": "1+1?", "completion": "2", "answer": "2"}\n'
+
+
+def launchgen(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HOME": "/nonexistent-hf-home"}
     env.pop("LAUNCHGEN_DEBUG", None)
+    (cwd / "prompts.jsonl").write_text(ROWS)
     return subprocess.run([sys.executable, "-c", "from launchgen.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def assert_refused(r: subprocess.CompletedProcess[str], code: str, line: int | None) -> None:
@@ -61,7 +66,7 @@ def assert_refused(r: subprocess.CompletedProcess[str], code: str, line: int | N
 def check_file(tmp_path: Path, data: str | bytes, *extra: str) -> subprocess.CompletedProcess[str]:
     p = tmp_path / "spec.yaml"
     p.write_bytes(data.encode() if isinstance(data, str) else data)
-    return launchgen("check", *extra, str(p))
+    return launchgen("check", *extra, str(p), cwd=tmp_path)
 
 
 # --- hostile YAML ---------------------------------------------------------------------------------------------
@@ -221,6 +226,13 @@ def test_text_field_given_a_yaml_number_or_boolean_says_quote_it(line: str, show
 def test_time_in_minutes_as_a_number_is_accepted() -> None:
     loaded = load_spec_text(GOOD + "slurm:\n  time: 480\n", "spec.yaml")
     assert loaded.spec.slurm.time_seconds == 480 * 60
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative data paths resolve from the directory check runs in."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text(ROWS)
 
 
 def run(*args: str, stdin: str | None = None) -> Result:

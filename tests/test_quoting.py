@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from tools import path_with_venv
 
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
@@ -109,7 +110,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         rec = root / "rec"
         rec.mkdir()
         _bin(root / "bin")
-        env = {**os.environ, "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "REC_DIR": str(rec),
+        env = {**os.environ, "PATH": path_with_venv(None, root / "bin"), "REC_DIR": str(rec),
                "REC_WAIT_SERVER": "1" if with_server else "0"}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         res = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
