@@ -26,6 +26,9 @@ class TrlName:
         if not self.path:
             return f"TRL's `{self.trl}` has no launchgen key: {self.note}."
         note = f" ({self.note})" if self.note else ""
+        if self.path.rsplit(".", 1)[-1] == self.trl:
+            # the same name, one level off (`train.learning_rate`): where it goes is all there is to say
+            return f"`{self.trl}` goes in `{self.path}`{note}."
         return f"TRL's `{self.trl}` is `{self.path}` in a launchgen spec{note}."
 
 

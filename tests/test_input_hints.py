@@ -86,8 +86,13 @@ def test_trl_keys_point_to_where_they_belong(extra: str, code: str, path: str, p
     text = GOOD + extra if extra.startswith("    ") else extra + GOOD
     hit = only(text, code)
     assert hit.path == path
-    assert hit.fix.startswith("TRL's") and points_to in hit.fix, hit.fix
+    assert points_to in hit.fix and (hit.fix.startswith("TRL's") or " goes in " in hit.fix), hit.fix
     assert hit.line == text.splitlines().index(extra.rstrip("\n")) + 1
+
+
+def test_a_trainer_argument_one_level_off_says_where_it_goes() -> None:
+    hit = only(GOOD.replace("trainer: grpo", "trainer: grpo\n  learning_rate: 1.0e-6"), "LG002")
+    assert (hit.path, hit.fix) == ("train.learning_rate", "`learning_rate` goes in `train.args.learning_rate`.")
 
 
 def test_trl_vllm_memory_key_in_server_mode_keeps_its_own_code() -> None:
