@@ -81,3 +81,15 @@ def test_status_log_tail_shows_escapes(tmp_path: Path, monkeypatch: pytest.Monke
     _code, out, _err = run("status", "10", "--job-dir", str(d))
     assert "Traceback\\x1b[2J" in out, out
     assert not any(c in out for c in UNSAFE)
+
+
+def test_render_and_error_lines_show_escapes(tmp_path: Path) -> None:
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(SPEC, allow_unicode=True))
+    out = tmp_path / f"job{CLEAR}.sbatch"
+    code, _out, err = run("render", str(p), "-o", str(out))
+    assert code == 0 and "job\\x1b[2J.sbatch" in err and "\x1b" not in err
+    code, _out, err = run("render", str(p), "-o", str(out))
+    assert code == 2 and "exists" in err and "\x1b" not in err
+    code, _out, err = run("check", str(tmp_path / f"missing{ESC_TITLE}.yaml"))
+    assert code == 2 and "\x1b" not in err and "\x07" not in err
