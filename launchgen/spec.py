@@ -21,7 +21,9 @@ SPEC_VERSION = 1
 # Patterns are applied with fullmatch: `$` alone lets a trailing newline through, which splits an #SBATCH line.
 _JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TIME_RE = re.compile(r"(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})|(\d+)")
+#: sbatch's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME_RE = re.compile(r"(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                      r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?")
 _HOSTNAME_RE = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                           r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -106,16 +108,16 @@ Version = Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `1
 
 
 def parse_time_limit(value: str) -> int:
-    """SLURM time (`MM:SS`, `HH:MM:SS`, `D-HH:MM:SS`, or minutes) -> seconds."""
+    """SLURM time -> seconds, read as sbatch reads it: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`."""
     m = _TIME_RE.fullmatch(value)
     if not m:
         raise ValueError(f"{value!r} is not a SLURM time limit (use HH:MM:SS, D-HH:MM:SS or minutes)")
-    if m.group(5) is not None:
-        return int(m.group(5)) * 60
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.group(1, 2, 3, 4))
-    if m.group(2) is None and m.group(1) is None:
-        # MM:SS
-        return minutes * 60 + seconds
+    if m["days"] is not None:
+        days, hours, minutes, seconds = (int(g or 0) for g in (m["days"], m["dh"], m["dm"], m["ds"]))
+    else:
+        parts = [int(g) for g in (m["a"], m["b"], m["c"]) if g is not None]
+        days = 0
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
@@ -162,7 +164,11 @@ class SlurmSection(_Section):
     partition: SbatchValue | None = Field(default=None, description="`--partition`.")
     account: SbatchValue | None = Field(default=None, description="`--account`.")
     qos: SbatchValue | None = Field(default=None, description="`--qos`.")
-    time: str = Field(default="01:00:00", description="`--time` (HH:MM:SS, D-HH:MM:SS or minutes).")
+    time: str = Field(
+        default="01:00:00",
+        description="`--time`, read as sbatch reads it: minutes (`480`), `M:S`, `H:M:S`, `D-H`, `D-H:M` or "
+        "`D-H:M:S`. Quote the forms with a colon (unquoted, YAML reads `8:00:00` as the number 28800).",
+    )
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on each node of the partition.")
     gpu_request: Literal["gres", "gpus-per-node"] = Field(
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."

@@ -156,3 +156,18 @@ def test_lg802_leaves_other_flags_alone() -> None:
     loaded = load_spec_text(spec_with("vllm", "extra_args", ["--seed=1", "--max_num_seqs=64"]), "spec.yaml")
     _plan, issues = run_checks(loaded, env={})
     assert not [i for i in issues if i.code == "LG802"]
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("480", 480 * 60), ("30:00", 30 * 60), ("8:00:00", 8 * 3600), ("1-12", 36 * 3600), ("1-00:30", 86400 + 1800),
+    ("2-00:00:00", 2 * 86400), ("0:90", 90), ("100:00:00", 100 * 3600),
+])
+def test_time_limits_read_as_sbatch_reads_them(value: str, seconds: int) -> None:
+    from launchgen.spec import parse_time_limit
+
+    assert parse_time_limit(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["1-", "-5", "1:2:3:4", "1h", "08:00:00 ", "1-2-3"])
+def test_malformed_time_limits(value: str) -> None:
+    assert refused(spec_with("slurm", "time", value)) == [("LG004", "slurm.time")]
