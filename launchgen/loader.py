@@ -195,6 +195,8 @@ def _empty_sections(data: dict[Any, Any], blank: set[str], lines: dict[LinePath,
 
 def load_spec_text(text: str, file: str | None = None) -> LoadedSpec:
     data, lines, root = _parse(text, file)
+    if data is None:
+        raise SpecError([Issue("LG001", "", "the spec is empty", "Start from `launchgen init`.", "error", 1, file)])
     if not isinstance(data, dict):
         raise SpecError(
             [Issue("LG001", "", "the spec must be a YAML mapping with sections job, model, ...",

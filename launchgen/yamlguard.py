@@ -55,7 +55,8 @@ def _fail(message: str, fix: str, line: int | None = None) -> GuardError:
 def decode(raw: bytes) -> str:
     """Spec bytes -> text; size, encoding and NUL bytes are refused here with the line they are on."""
     if len(raw) > MAX_SPEC_BYTES:
-        raise _fail(f"the spec is {len(raw):,} bytes; launchgen reads at most {MAX_SPEC_BYTES:,} "
+        # only MAX_SPEC_BYTES + 1 bytes are ever read, so the real size is unknown: say "more than"
+        raise _fail(f"the spec is larger than 1 MiB; launchgen reads at most {MAX_SPEC_BYTES:,} bytes "
                     "(a spec is a few KB)", "Pass the topology spec itself, not a data or model file.")
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]

@@ -283,6 +283,11 @@ def test_check_reads_stdin_and_several_files(tmp_path: Path) -> None:
     assert payload["ok"] is False and [s["ok"] for s in payload["specs"]] == [True, False]
 
 
+def test_empty_spec_says_so() -> None:
+    r = run("check", "-", stdin="# only a comment\n")
+    assert r.exit_code == 2 and "<stdin>:1: error LG001 the spec is empty" in r.stderr
+
+
 def test_stdin_errors_name_stdin() -> None:
     r = run("check", "-", stdin="job: [\n")
     assert r.exit_code == 2 and r.stderr.startswith("<stdin>:")
