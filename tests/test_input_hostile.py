@@ -203,8 +203,9 @@ def combined(payload: str, fields: list[str]) -> dict[str, Any]:
     return data
 
 
-RUN_PAYLOADS = ["metachars", "subst", "subst-nospace", "backticks", "single-quote", "double-quote", "unicode",
-                "variable", "glob", "blank", "backslash", "percent-j"]
+# (subst-nospace and variable add nothing here that subst and metachars do not)
+RUN_PAYLOADS = ["metachars", "subst", "backticks", "single-quote", "double-quote", "unicode", "glob", "blank",
+                "backslash", "percent-j", "newline", "trailing-newline", "escape", "leading-dash", "empty"]
 
 
 @pytest.mark.parametrize("payload", RUN_PAYLOADS)
