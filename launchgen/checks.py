@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from launchgen import compat
 from launchgen.hfcache import ModelConfig, find_model_config
 from launchgen.issues import Issue, Severity, SpecError
+from launchgen.layout import Layout, resolve_layout
 from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, ONLINE_TRAINERS
@@ -148,65 +149,51 @@ class Ctx:
         m = self.spec.model
         return find_model_config(m.name_or_path, m.revision, self.env)
 
-    # topology as the spec states it; the plan resolves the same rules (checks must also run on specs the
-    # plan would refuse, so they cannot depend on it)
+    @cached_property
+    def layout(self) -> Layout:
+        """The one layout derivation the plan also builds on; total, so it is there for invalid specs too."""
+        return resolve_layout(self.spec)
+
     @property
     def server_mode(self) -> bool:
-        return self.spec.vllm is not None and self.spec.vllm.mode == "server"
+        return self.layout.mode == "server"
 
     @property
     def colocate(self) -> bool:
-        return self.spec.vllm is not None and self.spec.vllm.mode == "colocate"
+        return self.layout.mode == "colocate"
 
     @property
     def shared_node(self) -> bool:
         """Server mode with the server on the first trainer node."""
-        v = self.spec.vllm
-        return v is not None and v.mode == "server" and v.nodes == 0
+        return self.layout.shared
 
     @property
     def server_gpus(self) -> list[int]:
-        v = self.spec.vllm
-        if v is None or v.mode != "server":
-            return []
-        if v.gpus is not None:
-            return list(v.gpus)
-        return [] if v.nodes == 0 else list(range(self.spec.slurm.gpus_per_node))
+        return list(self.layout.server_gpus)
 
     @property
     def server_nodes(self) -> int:
-        v = self.spec.vllm
-        if v is None or v.mode != "server":
-            return 0
-        return v.nodes or 1
+        return len(self.layout.server_positions)
 
     @property
     def cpu(self) -> bool:
-        return self.spec.train.device == "cpu"
+        return self.layout.cpu
 
     @property
     def trainer_gpus(self) -> list[int]:
-        t = self.spec.train
-        if self.cpu:
-            return []
-        if t.gpus is not None:
-            return list(t.gpus)
-        taken = set(self.server_gpus) if self.shared_node else set()
-        return [g for g in range(self.spec.slurm.gpus_per_node) if g not in taken]
+        return list(self.layout.trainer_gpus)
 
     @property
     def processes_per_node(self) -> int:
-        return 1 if self.cpu else len(set(self.trainer_gpus))
+        return self.layout.processes_per_node
 
     @property
     def world_size(self) -> int:
-        return self.spec.train.nodes * self.processes_per_node
+        return self.layout.world_size
 
     @property
     def total_nodes(self) -> int:
-        v = self.spec.vllm
-        extra = v.nodes if v is not None and v.mode == "server" else 0
-        return self.spec.train.nodes + extra
+        return self.layout.num_nodes
 
     # train.args, read defensively (the trainer config validates types when the plan is built)
     def arg(self, path: str, default: Any = None) -> Any:
@@ -345,13 +332,14 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is None or v.mode != "server" or (ctx.shared_node and v.gpus is None):
         return
-    n = len(set(ctx.server_gpus)) * ctx.server_nodes
-    if n and v.tensor_parallel_size * v.data_parallel_size != n:
+    lay = ctx.layout
+    n = lay.server_world_size
+    if n and not lay.tp_dp_matches_server:
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {v.tensor_parallel_size} x data_parallel_size "
                         f"{v.data_parallel_size} = {v.tensor_parallel_size * v.data_parallel_size}, "
                         f"but the server has {n} GPU(s) ({ctx.server_nodes} node(s) x "
-                        f"{len(set(ctx.server_gpus))})")
+                        f"{lay.server_gpus_per_node})")
 
 
 @check("LG202")
@@ -366,8 +354,8 @@ def tp_fits_node(ctx: Ctx) -> Iterator[Issue]:
                         f"{ctx.spec.slurm.gpus_per_node}")
         return
     if v.mode == "server" and ctx.server_gpus:
-        per_node = len(set(ctx.server_gpus))
-        if per_node % tp:
+        per_node = ctx.layout.server_gpus_per_node
+        if not ctx.layout.server_tp_fits_node:
             yield ctx.issue("LG202", "vllm.tensor_parallel_size",
                             f"tensor_parallel_size {tp} does not divide the {per_node} server GPU(s) of a node, "
                             "so a TP group would span nodes")
@@ -446,7 +434,7 @@ def colocate_tp_divides_world(ctx: Ctx) -> Iterator[Issue]:
     if not ctx.colocate or ppn == 0:
         return
     tp = _tp(ctx)
-    if ppn % tp:
+    if not ctx.layout.colocate_tp_fits:
         yield ctx.issue("LG209", "vllm.tensor_parallel_size",
                         f"colocate splits the {ppn} trainer processes of each node into TP groups of {tp}, "
                         "which does not divide evenly")

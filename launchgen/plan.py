@@ -70,12 +70,12 @@ from pydantic import ValidationError
 
 from launchgen import __version__
 from launchgen.issues import Issue, SpecError
+from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 
-Role = Literal["server", "trainer"]
 Scheduler = Literal["sbatch", "bash"]
 
 #: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time; checks keep base + this within range.
@@ -140,16 +140,6 @@ class EnvVar:
     literal: bool = True
     #: where it comes from: "launchgen" or the spec path (e.g. "slurm.env.trainer")
     source: str = "launchgen"
-
-
-@dataclass(frozen=True)
-class GpuSlot:
-    gpu: int  # position among the node's GPUs
-    role: Role
-    local_rank: int  # trainer: LOCAL_RANK; server: index among this node's server GPUs
-    global_rank: int  # trainer: RANK; server: vLLM worker index over all server GPUs
-    tp_rank: int | None = None  # server: TP rank; colocate: rank in the in-process vLLM TP group
-    dp_rank: int | None = None  # server: DP replica; colocate: vLLM TP group index
 
 
 @dataclass(frozen=True)
@@ -411,95 +401,76 @@ def resolve_precision(spec: Spec) -> str:
 
 def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(trainer node positions, server node positions); a shared server is on trainer position 0."""
-    trainers = tuple(range(spec.train.nodes))
-    v = spec.vllm
-    if v is None or v.mode != "server":
-        return trainers, ()
-    if v.nodes == 0:
-        return trainers, (0,)
-    return trainers, tuple(range(spec.train.nodes, spec.train.nodes + v.nodes))
+    lay = resolve_layout(spec)
+    return lay.trainer_positions, lay.server_positions
 
 
-def resolve_gpus(spec: Spec) -> GpuAssignment:
-    """GPU positions per role; raises SpecError (LG903/LG908) when they cannot be laid out."""
-    g = spec.slurm.gpus_per_node
-    t, v = spec.train, spec.vllm
-    trainer_pos, server_pos = node_layout(spec)
+_SHARED_NO_GPUS = "the server shares trainer node 0 (vllm.nodes: 0) but no GPUs are given for it"
+
+
+def _out_of_range(path: str, gpus: tuple[int, ...], g: int) -> list[Issue]:
+    bad = sorted({i for i in gpus if i >= g})
+    if not bad:
+        return []
+    return [Issue("LG903", path, f"GPU indices {bad} do not exist on a node with slurm.gpus_per_node: {g} "
+                  f"(indices are 0..{g - 1})", "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node.")]
+
+
+def _cpu_gpu_issues(spec: Spec, lay: Layout) -> list[Issue]:
+    v, t = spec.vllm, spec.train
     issues: list[Issue] = []
-    if t.device == "cpu":
-        if v is not None and v.mode == "colocate":
-            issues.append(Issue("LG908", "vllm", "train.device: cpu cannot run vLLM in-process (colocate needs GPUs)",
-                                "Use `vllm.mode: server`, remove the `vllm` section, or set `train.device: cuda`."))
-        if t.gpus is not None:
-            issues.append(Issue("LG908", "train.gpus", "train.device: cpu uses no GPUs",
-                                "Remove `train.gpus`, or set `train.device: cuda`."))
-        if issues:
-            raise SpecError(issues)
-        if v is None or v.mode != "server":
-            return GpuAssignment(trainer_pos, (), (), (), None)
-        # A CPU trainer beside a vLLM server (weights over gloo: LAUNCHGEN_WEIGHT_TRANSPORT=gloo): the server
-        # keeps its GPUs. This is how the SLURM tests run the real trainer with the `vllm serve` stand-in.
-        cpu_shared = v.nodes == 0
-        if v.gpus is not None:
-            cpu_server_gpus = tuple(v.gpus)
-        elif cpu_shared:
-            raise SpecError([Issue("LG903", "vllm.gpus", "the server shares trainer node 0 (vllm.nodes: 0) but no "
-                                   "GPUs are given for it", "Set `vllm.gpus` (e.g. [0, 1, 2, 3]).")])
-        else:
-            cpu_server_gpus = tuple(range(g))
-        bad = sorted({i for i in cpu_server_gpus if i >= g})
-        if bad:
-            raise SpecError([Issue("LG903", "vllm.gpus", f"GPU indices {bad} do not exist on a node with "
-                                   f"slurm.gpus_per_node: {g} (indices are 0..{g - 1})",
-                                   "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node.")])
-        return GpuAssignment(trainer_pos, server_pos, (), cpu_server_gpus, 0 if cpu_shared else None)
+    if lay.mode == "colocate":
+        issues.append(Issue("LG908", "vllm", "train.device: cpu cannot run vLLM in-process (colocate needs GPUs)",
+                            "Use `vllm.mode: server`, remove the `vllm` section, or set `train.device: cuda`."))
+    if t.gpus is not None:
+        issues.append(Issue("LG908", "train.gpus", "train.device: cpu uses no GPUs",
+                            "Remove `train.gpus`, or set `train.device: cuda`."))
+    if issues or lay.mode != "server":
+        return issues
+    # A CPU trainer beside a vLLM server (weights over gloo: LAUNCHGEN_WEIGHT_TRANSPORT=gloo): the server
+    # keeps its GPUs. This is how the SLURM tests run the real trainer with the `vllm serve` stand-in.
+    if lay.shared and v is not None and v.gpus is None:
+        return [Issue("LG903", "vllm.gpus", _SHARED_NO_GPUS, "Set `vllm.gpus` (e.g. [0, 1, 2, 3]).")]
+    return _out_of_range("vllm.gpus", lay.server_gpus, lay.gpus_per_node)[:1]
 
-    shared = v is not None and v.mode == "server" and v.nodes == 0
-    server_gpus: tuple[int, ...] = ()
-    if v is not None and v.mode == "server":
-        if v.gpus is not None:
-            server_gpus = tuple(v.gpus)
-        elif shared:
-            issues.append(Issue("LG903", "vllm.gpus",
-                                "the server shares trainer node 0 (vllm.nodes: 0) but no GPUs are given for it",
-                                "Set `vllm.gpus` (e.g. [0, 1, 2, 3]), or give the server its own nodes with `vllm.nodes`."))
-        else:
-            server_gpus = tuple(range(g))
-    if v is not None and v.mode == "colocate" and v.gpus is not None:
+
+def _gpu_issues(spec: Spec, lay: Layout) -> list[Issue]:
+    v, g = spec.vllm, lay.gpus_per_node
+    issues: list[Issue] = []
+    if lay.shared and v is not None and v.gpus is None:
+        issues.append(Issue("LG903", "vllm.gpus", _SHARED_NO_GPUS, "Set `vllm.gpus` (e.g. [0, 1, 2, 3]), or give "
+                            "the server its own nodes with `vllm.nodes`."))
+    if lay.mode == "colocate" and v is not None and v.gpus is not None:
         issues.append(Issue("LG903", "vllm.gpus", "colocate mode runs vLLM on the trainer's own GPUs",
                             "Remove `vllm.gpus` (colocate uses `train.gpus`)."))
-    if t.gpus is not None:
-        trainer_gpus = tuple(t.gpus)
-    elif shared:
-        trainer_gpus = tuple(i for i in range(g) if i not in server_gpus)
-    else:
-        trainer_gpus = tuple(range(g))
-
-    for path, gpus in (("vllm.gpus", server_gpus), ("train.gpus", trainer_gpus)):
-        bad = sorted({i for i in gpus if i >= g})
-        if bad:
-            issues.append(Issue("LG903", path, f"GPU indices {bad} do not exist on a node with "
-                                f"slurm.gpus_per_node: {g} (indices are 0..{g - 1})",
-                                "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node."))
+    for path, gpus in (("vllm.gpus", lay.server_gpus), ("train.gpus", lay.trainer_gpus)):
+        issues += _out_of_range(path, gpus, g)
         dup = sorted({i for i in gpus if gpus.count(i) > 1})
         if dup:
-            issues.append(Issue("LG903", path, f"GPU indices {dup} are listed more than once",
-                                "List each GPU once."))
-    if shared:
-        both = sorted(set(server_gpus) & set(trainer_gpus))
-        if both:
-            issues.append(Issue("LG903", "train.gpus", f"GPUs {both} of node 0 are given to both the server "
-                                "and the trainer (NCCL fails on a shared device)",
-                                "Make vllm.gpus and train.gpus disjoint, or use `vllm.mode: colocate`."))
-    if not trainer_gpus:
+            issues.append(Issue("LG903", path, f"GPU indices {dup} are listed more than once", "List each GPU once."))
+    both = sorted(set(lay.server_gpus) & set(lay.trainer_gpus)) if lay.shared else []
+    if both:
+        issues.append(Issue("LG903", "train.gpus", f"GPUs {both} of node 0 are given to both the server "
+                            "and the trainer (NCCL fails on a shared device)",
+                            "Make vllm.gpus and train.gpus disjoint, or use `vllm.mode: colocate`."))
+    if not lay.trainer_gpus:
         issues.append(Issue("LG903", "train.gpus", "no GPU is left for the trainer",
                             "Give the trainer GPUs with `train.gpus`, or move the server to its own node "
                             "(`vllm.nodes: 1`)."))
-    if v is not None and v.mode == "server" and not server_gpus and not any(i.path == "vllm.gpus" for i in issues):
+    if lay.mode == "server" and not lay.server_gpus and not any(i.path == "vllm.gpus" for i in issues):
         issues.append(Issue("LG903", "vllm.gpus", "the server has no GPUs", "List the server's GPUs in `vllm.gpus`."))
+    return issues
+
+
+def resolve_gpus(spec: Spec) -> GpuAssignment:
+    """GPU positions per role (from the layout resolver); raises SpecError (LG903/LG908) when they cannot be
+    laid out."""
+    lay = resolve_layout(spec)
+    issues = _cpu_gpu_issues(spec, lay) if lay.cpu else _gpu_issues(spec, lay)
     if issues:
         raise SpecError(issues)
-    return GpuAssignment(trainer_pos, server_pos, trainer_gpus, server_gpus, 0 if shared else None)
+    return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
+                         lay.shared_position)
 
 
 def resolve_ports(spec: Spec) -> tuple[Port, ...]:
@@ -748,6 +719,42 @@ def _select_gpus_expr(gpus: tuple[int, ...]) -> str:
     return '"$(lg_select_gpus ' + " ".join(str(i) for i in gpus) + ')"'
 
 
+def _parallel_issues(lay: Layout, loaded: LoadedSpec) -> list[Issue]:
+    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
+    if lay.mode == "server":
+        per_node, total = lay.server_gpus_per_node, lay.server_world_size
+        if not lay.tp_dp_matches_server:
+            return [_err("LG904", "vllm.tensor_parallel_size",
+                         f"tensor_parallel_size {tp} x data_parallel_size {dp} = {tp * dp}, but the server "
+                         f"has {total} GPUs ({len(lay.server_positions)} node(s) x {per_node})",
+                         "Make TP x DP equal the server's GPUs (vllm.gpus per node x server nodes).", loaded)]
+        if not lay.server_tp_fits_node:
+            return [_err("LG904", "vllm.tensor_parallel_size",
+                         f"a TP group of {tp} GPUs would span server nodes with {per_node} server GPUs each",
+                         "Use a tensor_parallel_size that divides the server GPUs of one node "
+                         "(multi-node TP is not supported).", loaded)]
+        return []
+    issues: list[Issue] = []
+    if lay.mode == "colocate" and dp != 1:
+        issues.append(_err("LG904", "vllm.data_parallel_size", "colocate mode has no data-parallel server",
+                           "Remove vllm.data_parallel_size (each trainer rank generates for itself).", loaded))
+    if lay.mode == "colocate" and not lay.colocate_tp_fits:
+        issues.append(_err("LG904", "vllm.tensor_parallel_size",
+                           f"colocate tensor_parallel_size {tp} does not divide the {lay.processes_per_node} "
+                           "trainer processes of a node", "Use a TP size that divides the trainer GPUs per node.",
+                           loaded))
+    return issues
+
+
+def _node_plan(lay: Layout, pos: int) -> NodePlan:
+    machine_rank = lay.trainer_positions.index(pos) if pos in lay.trainer_positions else None
+    server_rank = lay.server_positions.index(pos) if pos in lay.server_positions else None
+    roles: tuple[Role, ...] = (*(("server",) if server_rank is not None else ()),
+                               *(("trainer",) if machine_rank is not None else ()))
+    return NodePlan(pos, roles, lay.server_gpus if server_rank is not None else (),
+                    lay.trainer_gpus if machine_rank is not None else (), machine_rank, server_rank, lay.slots(pos))
+
+
 # --------------------------------------------------------------------------------------------------- build
 
 def build_plan(loaded: LoadedSpec) -> Plan:
@@ -773,71 +780,17 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         raise SpecError(issues)
 
     v, t = spec.vllm, spec.train
-    mode: Literal["server", "colocate", "none"] = "none" if v is None else v.mode
+    lay = resolve_layout(spec)
+    mode = lay.mode
     trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
-    num_nodes = max([*trainer_pos, *server_pos]) + 1
+    num_nodes = lay.num_nodes
     directives = _sbatch_directives(spec, num_nodes, batch_log)
-
-    # ---- trainer processes
-    ppn = 1 if t.device == "cpu" else len(gpus.trainer_gpus)
-    num_machines = len(trainer_pos)
-    num_processes = ppn * num_machines
-
-    # ---- parallel layout
-    tp = v.tensor_parallel_size if v is not None else 1
-    dp = v.data_parallel_size if v is not None else 1
-    dp_local = dp
-    if v is not None and v.mode == "server":
-        per_node = len(gpus.server_gpus)
-        total = per_node * len(server_pos)
-        if tp * dp != total:
-            issues.append(_err("LG904", "vllm.tensor_parallel_size",
-                               f"tensor_parallel_size {tp} x data_parallel_size {dp} = {tp * dp}, but the server "
-                               f"has {total} GPUs ({len(server_pos)} node(s) x {per_node})",
-                               "Make TP x DP equal the server's GPUs (vllm.gpus per node x server nodes).",
-                               loaded))
-        elif per_node % tp != 0:
-            issues.append(_err("LG904", "vllm.tensor_parallel_size",
-                               f"a TP group of {tp} GPUs would span server nodes with {per_node} server GPUs each",
-                               "Use a tensor_parallel_size that divides the server GPUs of one node "
-                               "(multi-node TP is not supported).", loaded))
-        else:
-            dp_local = per_node // tp
-    elif v is not None and v.mode == "colocate":
-        if dp != 1:
-            issues.append(_err("LG904", "vllm.data_parallel_size", "colocate mode has no data-parallel server",
-                               "Remove vllm.data_parallel_size (each trainer rank generates for itself).", loaded))
-        if ppn % tp != 0:
-            issues.append(_err("LG904", "vllm.tensor_parallel_size",
-                               f"colocate tensor_parallel_size {tp} does not divide the {ppn} trainer processes "
-                               "of a node", "Use a TP size that divides the trainer GPUs per node.", loaded))
+    ppn, num_machines, num_processes = lay.processes_per_node, lay.num_machines, lay.world_size
+    tp, dp, dp_local = lay.tensor_parallel_size, lay.data_parallel_size, lay.data_parallel_size_local
+    issues.extend(_parallel_issues(lay, loaded))
     if issues:
         raise SpecError(issues)
-
-    # ---- nodes and GPU slots
-    nodes: list[NodePlan] = []
-    for pos in range(num_nodes):
-        roles: list[Role] = []
-        slots: list[GpuSlot] = []
-        machine_rank = trainer_pos.index(pos) if pos in trainer_pos else None
-        server_rank = server_pos.index(pos) if pos in server_pos else None
-        sg: tuple[int, ...] = gpus.server_gpus if server_rank is not None else ()
-        tg: tuple[int, ...] = gpus.trainer_gpus if machine_rank is not None else ()
-        if server_rank is not None:
-            roles.append("server")
-            for j, gpu in enumerate(sg):
-                w = server_rank * len(sg) + j
-                slots.append(GpuSlot(gpu, "server", j, w, w % tp, w // tp))
-        if machine_rank is not None:
-            roles.append("trainer")
-            for j, gpu in enumerate(tg):
-                r = machine_rank * ppn + j
-                if mode == "colocate":
-                    slots.append(GpuSlot(gpu, "trainer", j, r, r % tp, r // tp))
-                else:
-                    slots.append(GpuSlot(gpu, "trainer", j, r))
-        slots.sort(key=lambda s: s.gpu)
-        nodes.append(NodePlan(pos, tuple(roles), sg, tg, machine_rank, server_rank, tuple(slots)))
+    nodes = tuple(_node_plan(lay, pos) for pos in range(num_nodes))
 
     ports = resolve_ports(spec)
     endpoints: list[Endpoint] = [
@@ -849,7 +802,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     server: ServerPlan | None = None
     if v is not None and v.mode == "server":
         leader = server_pos[0]
-        multi_dp = len(server_pos) > 1 and dp > 1
+        multi_dp = lay.multi_node_dp
         dtype: str = spec.model.dtype
         if dtype == "auto":
             dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[precision]
