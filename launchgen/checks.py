@@ -28,6 +28,9 @@ from launchgen.hfcache import ModelConfig, find_model_config
 from launchgen.issues import Issue, Severity, SpecError
 from launchgen.layout import Layout, resolve_layout
 from launchgen.loader import LoadedSpec
+from launchgen.ownership import owned_args
+from launchgen.precision import PRECISION_DTYPE
+from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, ONLINE_TRAINERS
 
@@ -348,6 +351,9 @@ def tp_fits_node(ctx: Ctx) -> Iterator[Issue]:
     if v is None:
         return
     tp = v.tensor_parallel_size
+    lay = ctx.layout
+    if v.mode == "server" and lay.server_world_size and not lay.tp_dp_matches_server:
+        return  # TP x DP does not match the server GPUs at all: one message, LG201's
     if tp > ctx.spec.slurm.gpus_per_node:
         yield ctx.issue("LG202", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {tp} is larger than slurm.gpus_per_node "
@@ -434,10 +440,22 @@ def colocate_tp_divides_world(ctx: Ctx) -> Iterator[Issue]:
     if not ctx.colocate or ppn == 0:
         return
     tp = _tp(ctx)
+    if tp > ctx.spec.slurm.gpus_per_node:
+        return  # a TP group larger than a node: LG202's
     if not ctx.layout.colocate_tp_fits:
         yield ctx.issue("LG209", "vllm.tensor_parallel_size",
                         f"colocate splits the {ppn} trainer processes of each node into TP groups of {tp}, "
                         "which does not divide evenly")
+
+
+_doc("LG904", "error", "data_parallel_size in colocate mode (each trainer rank generates for itself).",
+     "Remove vllm.data_parallel_size (each trainer rank generates for itself).")
+
+
+@check("LG904")
+def colocate_has_no_dp(ctx: Ctx) -> Iterator[Issue]:
+    if ctx.colocate and ctx.layout.data_parallel_size != 1:
+        yield ctx.issue("LG904", "vllm.data_parallel_size", "colocate mode has no data-parallel server")
 
 
 # === LG3xx trainer world, backend, batch ==================================================================
@@ -620,21 +638,26 @@ def vllm_needs_online_trainer(ctx: Ctx) -> Iterator[Issue]:
                         f"(vLLM works with {', '.join(sorted(ONLINE_TRAINERS))})")
 
 
+def _expected_backend(ctx: Ctx) -> str:
+    v = ctx.spec.vllm
+    return "hf" if v is None else ("vllm_server" if v.mode == "server" else "vllm_colocate")
+
+
 @check("LG504")
 def backend_matches_mode(ctx: Ctx) -> Iterator[Issue]:
     backend = ctx.arg("generation.backend")
     if backend is None:
         return
     v = ctx.spec.vllm
-    expected = "hf" if v is None else ("vllm_server" if v.mode == "server" else "vllm_colocate")
+    expected = _expected_backend(ctx)
     if backend != expected:
         where = "there is no vllm section" if v is None else f"vllm.mode is {v.mode}"
         yield ctx.issue("LG504", "train.args.generation.backend",
                         f"train.args.generation.backend is {backend!r} but {where} (expects {expected!r})")
 
 
-@check("LG505")
-def server_args_match(ctx: Ctx) -> Iterator[Issue]:
+def _server_arg_conflicts(ctx: Ctx) -> Iterator[tuple[str, Any, Any]]:
+    """(key, value, what the spec says or None) for each vllm_server argument that contradicts the spec."""
     v = ctx.spec.vllm
     srv = ctx.arg("generation.vllm_server")
     if not isinstance(srv, dict):
@@ -645,17 +668,50 @@ def server_args_match(ctx: Ctx) -> Iterator[Issue]:
     else:
         pairs = {"port": None, "group_port": None, **owned}
     for key, expected in pairs.items():
-        if key not in srv:
-            continue
-        if expected is not None and srv[key] == expected:
-            continue
+        if key in srv and (expected is None or srv[key] != expected):
+            yield key, srv[key], expected
+
+
+@check("LG505")
+def server_args_match(ctx: Ctx) -> Iterator[Issue]:
+    for key, value, expected in _server_arg_conflicts(ctx):
         why = (f"the vllm section says {expected}" if expected is not None
                else "launchgen resolves it from the allocation at run time")
         yield ctx.issue("LG505", f"train.args.generation.vllm_server.{key}",
-                        f"train.args.generation.vllm_server.{key} is {srv[key]!r}, but {why}")
+                        f"train.args.generation.vllm_server.{key} is {value!r}, but {why}")
 
 
-# data_parallel_size in colocate is an error of the plan (LG904), nodes/gpus are LG501's
+_doc("LG902", "error", "train.args sets a field the spec owns (model, precision, output_dir, the generation "
+     "backend, the vLLM server address/ports, the colocate engine).",
+     "Remove it from train.args and set the spec field the message names.")
+
+
+def _owned_reported_elsewhere(ctx: Ctx) -> set[str]:
+    """Owned arguments whose value contradicts the spec: the check of that contradiction reports them (LG502,
+    LG504, LG505, LG601, LG606), so LG902 does not say it a second time."""
+    out = {f"generation.vllm_server.{key}" for key, _, _ in _server_arg_conflicts(ctx)}
+    backend = ctx.arg("generation.backend")
+    if backend is not None and backend != _expected_backend(ctx):
+        out.add("generation.backend")
+    if not ctx.colocate:
+        out.add("generation.vllm_colocate.gpu_memory_utilization")
+    if _args_precision_conflict(ctx):
+        out.add("precision")
+    if any(True for _ in attn_implementation_args(ctx)):
+        out.add("model")
+    return out
+
+
+@check("LG902")
+def trainer_args_not_owned(ctx: Ctx) -> Iterator[Issue]:
+    elsewhere = _owned_reported_elsewhere(ctx)
+    for path, by in owned_args(ctx.spec.train.args):
+        if path not in elsewhere:
+            yield ctx.issue("LG902", f"train.args.{path}", f"`{path}` is set by launchgen from {by}",
+                            f"Remove `train.args.{path}` and set {by} instead.")
+
+
+# data_parallel_size in colocate is LG904's, nodes/gpus are LG501's
 _SERVER_ONLY = ("port", "group_port", "dp_rpc_port", "bind", "extra_args", "health_timeout", "executable")
 _COLOCATE_ONLY = ("enable_sleep_mode",)
 
@@ -719,7 +775,6 @@ _doc("LG610", "error", "Liger GRPO loss with off-policy sequence masking.",
 
 _doc("LG611", "warning", "model.dtype differs from the training precision, so the server samples in another "
      "dtype than the trainer scores log-probs in.", "Leave model.dtype: auto (it follows train.precision).")
-_PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 FLASH_ATTN2_REPO = "kernels-community/flash-attn2"
 
@@ -808,10 +863,14 @@ def precision_consistent(ctx: Ctx) -> Iterator[Issue]:
             yield ctx.issue("LG606", f"train.{alias}", f"train.{alias} is true but train.precision is {t.precision}")
         elif val is False and explicit and t.precision == alias:
             yield ctx.issue("LG606", f"train.{alias}", f"train.{alias} is false but train.precision is {alias}")
-    ap = ctx.arg("precision")
-    if ap is not None and ap != t.precision:
+    if _args_precision_conflict(ctx):
         yield ctx.issue("LG606", "train.args.precision",
-                        f"train.args.precision is {ap!r} but train.precision is {t.precision!r}")
+                        f"train.args.precision is {ctx.arg('precision')!r} but train.precision is {t.precision!r}")
+
+
+def _args_precision_conflict(ctx: Ctx) -> bool:
+    ap = ctx.arg("precision")
+    return ap is not None and ap != ctx.spec.train.precision
 
 
 @check("LG611")
@@ -819,7 +878,7 @@ def dtype_matches_precision(ctx: Ctx) -> Iterator[Issue]:
     m, t = ctx.spec.model, ctx.spec.train
     if ctx.spec.vllm is None or m.dtype == "auto" or t.bf16 or t.fp16 or t.bf16 is False:
         return  # aliases: resolved by the plan, contradictions are LG605/LG606
-    expected = _PRECISION_DTYPE[t.precision]
+    expected = PRECISION_DTYPE[t.precision]
     if m.dtype != expected:
         yield ctx.issue("LG611", "model.dtype",
                         f"model.dtype {m.dtype} but train.precision {t.precision} ({expected}): vLLM generates in "
@@ -995,8 +1054,6 @@ def signal_grace_sane(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG807")
 def env_not_plan_owned(ctx: Ctx) -> Iterator[Issue]:
-    from launchgen.plan import RESERVED_ENV, RESERVED_ENV_PREFIXES
-
     env = ctx.spec.slurm.env
     for role in ("all", "server", "trainer"):
         values: dict[str, str] = getattr(env, role)
@@ -1005,7 +1062,7 @@ def env_not_plan_owned(ctx: Ctx) -> Iterator[Issue]:
                 yield ctx.issue("LG807", f"slurm.env.{role}.{name}",
                                 "launchgen enables VLLM_SERVER_DEV_MODE on the server step only (its routes are "
                                 f"unauthenticated); slurm.env.{role} must not set it")
-            elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            elif is_reserved(name):
                 yield ctx.issue("LG807", f"slurm.env.{role}.{name}",
                                 f"{name} is set by launchgen for each role; slurm.env.{role} would fight it")
 

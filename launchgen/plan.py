@@ -7,25 +7,20 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     documented in docs/check-codes.md) for what cannot be resolved into a coherent plan:
 
     - LG901 ``train.args.<field>``: the trainer arguments do not validate as a ``TrainerConfig``.
-    - LG902 ``train.args.<field>``: the arguments set a field the spec owns (model, precision, output_dir,
-      the vLLM server address/ports, the colocate engine); set it through the spec field named in the message.
     - LG903 GPU layout: an index outside ``slurm.gpus_per_node``, a duplicate, server and trainer GPUs
       overlapping on a shared node, no trainer GPU left, ``vllm.gpus`` missing where the server shares a node.
-    - LG904 parallel layout: TP x DP != server GPUs, a TP group that would span nodes, colocate TP not
-      dividing the trainer processes of a node, DP in colocate mode.
-    - LG905 environment: a variable launchgen sets itself (CUDA_VISIBLE_DEVICES, VLLM_SERVER_DEV_MODE,
-      VLLM_HOST_IP, LAUNCHGEN_*, LG_*) in ``slurm.env``.
-    - LG906 precision: ``train.bf16``/``train.fp16`` contradict each other or ``train.precision``.
     - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
     - LG908 ``train.device: cpu`` with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.
     - LG910 ``job.output_dir`` containing a line break or another control character.
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
 
-    Checks (LG1xx-LG8xx) should run first and call ``build_plan`` only when they found no error of their own,
-    so a user sees one message per mistake.
+    The rules the checks own are not repeated here: a spec they refuse (TP x DP, colocate DP and TP, reserved
+    ``slurm.env`` names, precision aliases, trainer arguments the spec owns) makes ``build_plan`` raise
+    ``PlanInvariantError``, an internal error. Checks run first and call ``build_plan`` only when they found no
+    error, so a user sees one message per mistake. The layout itself comes from ``launchgen.layout``.
 
-Pure helpers for checks: ``resolve_precision(spec)``, ``resolve_gpus(spec) -> GpuAssignment``,
+Pure helpers for checks: ``resolve_gpus(spec) -> GpuAssignment``,
 ``resolve_ports(spec) -> tuple[Port, ...]``, ``node_layout(spec)``, ``bash_issues(plan)``,
 ``MAX_PORT_OFFSET`` (largest run-time shift of ``job.port_offset: job_id``).
 
@@ -73,6 +68,9 @@ from launchgen.issues import Issue, SpecError
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
+from launchgen.ownership import owned_args
+from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE, precision_conflict, resolve_precision
+from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 
@@ -368,35 +366,22 @@ def _err(code: str, path: str, message: str, fix: str, loaded: LoadedSpec | None
     return Issue(code, path, message, fix, "error", line, loaded.path if loaded is not None else None)
 
 
+class PlanInvariantError(AssertionError):
+    """`build_plan` got a spec the checks refuse: a bug of the caller (or a missing check), never a user message."""
+
+
+def _invariant(ok: bool, what: str) -> None:
+    if not ok:
+        raise PlanInvariantError(f"internal error: {what}; `launchgen check` refuses this spec, so no plan is built "
+                                 "from it (call checks.run_checks, not build_plan, on unchecked specs)")
+
+
 def spec_canonical_json(spec: Spec) -> str:
     return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
 def spec_hash(spec: Spec) -> str:
     return hashlib.sha256(spec_canonical_json(spec).encode()).hexdigest()
-
-
-def resolve_precision(spec: Spec) -> str:
-    """train.precision, reconciled with the TRL-style bf16/fp16 aliases; raises SpecError (LG906)."""
-    t = spec.train
-    explicit = "precision" in t.model_fields_set
-    if t.bf16 and t.fp16:
-        raise SpecError([Issue("LG906", "train.fp16", "train.bf16 and train.fp16 are both true",
-                               "Keep one: set `train.precision` to bf16 or fp16 and drop the aliases.")])
-    wanted: str | None = None
-    if t.fp16:
-        wanted = "fp16"
-    elif t.bf16:
-        wanted = "bf16"
-    elif t.bf16 is False and t.fp16 is not True:
-        wanted = "fp32" if not explicit else None
-    if wanted is None:
-        return t.precision
-    if explicit and t.precision != wanted:
-        alias = "train.fp16" if t.fp16 else "train.bf16"
-        raise SpecError([Issue("LG906", alias, f"{alias} contradicts train.precision: {t.precision}",
-                               "Drop the alias and keep `train.precision`.")])
-    return wanted
 
 
 def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -498,64 +483,13 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
     return tuple(ports)
 
 
-_OWNED_TOP = {
-    "trainer": "train.trainer",
-    "output_dir": "job.output_dir",
-    "precision": "train.precision",
-    "model": "model.* and train.attn_implementation / use_liger_kernel / gradient_checkpointing",
-}
-_OWNED_GENERATION = {
-    "backend": "vllm.mode (or no `vllm` section for plain generate)",
-}
-_OWNED_SERVER = {
-    "host": "vllm.bind / the allocation", "port": "vllm.port", "base_url": "vllm.port / vllm.bind",
-    "group_port": "vllm.group_port", "group_host": "the allocation (VLLM_HOST_IP)",
-    "health_timeout": "vllm.health_timeout",
-}
-_OWNED_COLOCATE = {
-    "tensor_parallel_size": "vllm.tensor_parallel_size",
-    "gpu_memory_utilization": "vllm.gpu_memory_utilization",
-    "max_model_len": "vllm.max_model_len",
-    "enable_sleep_mode": "vllm.enable_sleep_mode",
-}
-
-RESERVED_ENV_PREFIXES = ("LAUNCHGEN_", "LG_")
-RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP"})
-
-
-def _owned_issues(args: dict[str, Any], loaded: LoadedSpec | None) -> list[Issue]:
-    issues = []
-
-    def owned(path: str, by: str) -> None:
-        issues.append(_err("LG902", f"train.args.{path}", f"`{path}` is set by launchgen from {by}",
-                           f"Remove `train.args.{path}` and set {by} instead.", loaded))
-
-    for k, by in _OWNED_TOP.items():
-        if k in args:
-            owned(k, by)
-    gen = args.get("generation")
-    if isinstance(gen, dict):
-        for k, by in _OWNED_GENERATION.items():
-            if k in gen:
-                owned(f"generation.{k}", by)
-        for section, table in (("vllm_server", _OWNED_SERVER), ("vllm_colocate", _OWNED_COLOCATE)):
-            sub = gen.get(section)
-            if isinstance(sub, dict):
-                for k, by in table.items():
-                    if k in sub:
-                        owned(f"generation.{section}.{k}", by)
-    return issues
-
-
 def build_trainer_config(spec: Spec, precision: str, output_dir: str,
                          loaded: LoadedSpec | None = None) -> TrainerConfig:
-    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901/LG902)."""
+    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901)."""
     import copy
 
     args = copy.deepcopy(spec.train.args)
-    issues = _owned_issues(args, loaded)
-    if issues:
-        raise SpecError(issues)
+    _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
     v, t, m = spec.vllm, spec.train, spec.model
     data: dict[str, Any] = {
         "trainer": t.trainer,
@@ -611,7 +545,7 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
 def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
                       device: str) -> dict[str, Any]:
     """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI)."""
-    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[precision]
+    mixed = MIXED_PRECISION[precision]
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -697,18 +631,6 @@ def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str,
     return tuple(d)
 
 
-def _env_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
-    issues = []
-    for role in ("all", "server", "trainer"):
-        for name in getattr(spec.slurm.env, role):
-            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
-                issues.append(_err("LG905", f"slurm.env.{role}.{name}",
-                                   f"{name} is set by launchgen from the plan",
-                                   "Remove it; GPU lists, dev mode and addresses come from the spec's "
-                                   "vllm/train sections.", loaded))
-    return issues
-
-
 def _user_env(spec: Spec, role: Role) -> list[EnvVar]:
     env = [EnvVar(k, v, True, "slurm.env.all") for k, v in spec.slurm.env.all.items()]
     env += [EnvVar(k, v, True, f"slurm.env.{role}") for k, v in getattr(spec.slurm.env, role).items()]
@@ -719,31 +641,14 @@ def _select_gpus_expr(gpus: tuple[int, ...]) -> str:
     return '"$(lg_select_gpus ' + " ".join(str(i) for i in gpus) + ')"'
 
 
-def _parallel_issues(lay: Layout, loaded: LoadedSpec) -> list[Issue]:
-    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
+def _assert_parallel_layout(lay: Layout) -> None:
+    """The TP/DP rules the checks enforce (LG201, LG202, LG209, LG904 in colocate)."""
     if lay.mode == "server":
-        per_node, total = lay.server_gpus_per_node, lay.server_world_size
-        if not lay.tp_dp_matches_server:
-            return [_err("LG904", "vllm.tensor_parallel_size",
-                         f"tensor_parallel_size {tp} x data_parallel_size {dp} = {tp * dp}, but the server "
-                         f"has {total} GPUs ({len(lay.server_positions)} node(s) x {per_node})",
-                         "Make TP x DP equal the server's GPUs (vllm.gpus per node x server nodes).", loaded)]
-        if not lay.server_tp_fits_node:
-            return [_err("LG904", "vllm.tensor_parallel_size",
-                         f"a TP group of {tp} GPUs would span server nodes with {per_node} server GPUs each",
-                         "Use a tensor_parallel_size that divides the server GPUs of one node "
-                         "(multi-node TP is not supported).", loaded)]
-        return []
-    issues: list[Issue] = []
-    if lay.mode == "colocate" and dp != 1:
-        issues.append(_err("LG904", "vllm.data_parallel_size", "colocate mode has no data-parallel server",
-                           "Remove vllm.data_parallel_size (each trainer rank generates for itself).", loaded))
-    if lay.mode == "colocate" and not lay.colocate_tp_fits:
-        issues.append(_err("LG904", "vllm.tensor_parallel_size",
-                           f"colocate tensor_parallel_size {tp} does not divide the {lay.processes_per_node} "
-                           "trainer processes of a node", "Use a TP size that divides the trainer GPUs per node.",
-                           loaded))
-    return issues
+        _invariant(lay.tp_dp_matches_server and lay.server_tp_fits_node,
+                   "TP x DP does not tile the server GPUs node by node (LG201/LG202)")
+    elif lay.mode == "colocate":
+        _invariant(lay.data_parallel_size == 1, "data_parallel_size in colocate mode (LG904)")
+        _invariant(lay.colocate_tp_fits, "colocate TP does not divide the trainer processes of a node (LG209)")
 
 
 def _node_plan(lay: Layout, pos: int) -> NodePlan:
@@ -769,14 +674,16 @@ def build_plan(loaded: LoadedSpec) -> Plan:
                           for i in e.issues)
             return None
 
-    precision = collect(resolve_precision, spec)
+    _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
+    _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
+                       for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
+    precision = resolve_precision(spec)
     gpus: GpuAssignment | None = collect(resolve_gpus, spec)
-    issues.extend(_env_issues(spec, loaded))
     trainer_output_pattern = spec.job.output_dir.rstrip("/") + "/trainer"
-    config = collect(build_trainer_config, spec, precision or "bf16", trainer_output_pattern, loaded)
+    config = collect(build_trainer_config, spec, precision, trainer_output_pattern, loaded)
     batch_log = f"{spec.job.name}-%j.out"
     issues.extend(_directive_issues(spec, loaded))
-    if gpus is None or precision is None or config is None or issues:
+    if gpus is None or config is None or issues:
         raise SpecError(issues)
 
     v, t = spec.vllm, spec.train
@@ -787,9 +694,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     directives = _sbatch_directives(spec, num_nodes, batch_log)
     ppn, num_machines, num_processes = lay.processes_per_node, lay.num_machines, lay.world_size
     tp, dp, dp_local = lay.tensor_parallel_size, lay.data_parallel_size, lay.data_parallel_size_local
-    issues.extend(_parallel_issues(lay, loaded))
-    if issues:
-        raise SpecError(issues)
+    _assert_parallel_layout(lay)
     nodes = tuple(_node_plan(lay, pos) for pos in range(num_nodes))
 
     ports = resolve_ports(spec)
@@ -805,7 +710,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         multi_dp = lay.multi_node_dp
         dtype: str = spec.model.dtype
         if dtype == "auto":
-            dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[precision]
+            dtype = PRECISION_DTYPE[precision]
         common: list[Word] = [v.executable, "serve", spec.model.name_or_path]
         if spec.model.revision:
             common += ["--revision", spec.model.revision]

@@ -130,6 +130,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "backend: hf", 1, "error"),
     ("LG505", {"train": {"args": {"generation": {"vllm_server": {"port": 9000}}}}},
      "train.args.generation.vllm_server.port", "port: 9000", 1, "error"),
+    ("LG902", {"train": {"args": {"generation": {"vllm_server": {"health_timeout": 5}}}}},
+     "train.args.generation.vllm_server.health_timeout", "health_timeout", 1, "error"),
+    ("LG904", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "data_parallel_size": 2}}, "vllm.data_parallel_size", "data_parallel_size", 1, "error"),
     ("LG506", {"vllm": {"mode": "colocate", "gpus": DELETE, "tensor_parallel_size": 1}}, "vllm.group_port",
      "group_port", 1, "warning"),
     ("LG507", {"vllm": DELETE}, "train.trainer", "trainer: grpo", 1, "info"),
@@ -297,12 +301,23 @@ def test_strict_turns_warnings_into_errors(model_dir: Path) -> None:
 
 
 def test_plan_errors_become_issues(model_dir: Path) -> None:
-    # `precision` in train.args is owned by the spec: the plan refuses it (LG902) after the checks pass
-    loaded = load_spec_text(render(merge(base(model_dir), {"train": {"args": {"precision": "bf16"}}})),
+    # what only the trainer config can judge (LG901) comes from building the plan, after the checks pass
+    loaded = load_spec_text(render(merge(base(model_dir), {"train": {"args": {"learning_rate": -1}}})),
                             "spec.yaml")
     plan, issues = run_checks(loaded, env={})
     assert plan is None
-    assert [i.code for i in issues] == ["LG902"]
+    assert [(i.code, i.path) for i in issues] == [("LG901", "train.args.learning_rate")]
+    assert issues[0].line is not None
+
+
+@pytest.mark.parametrize(("value", "code"), [("bf16", "LG902"), ("fp16", "LG606")])
+def test_owned_argument_gets_one_message(model_dir: Path, value: str, code: str) -> None:
+    # `precision` in train.args is owned by the spec: LG902, or LG606 where it contradicts train.precision
+    loaded = load_spec_text(render(merge(base(model_dir), {"train": {"args": {"precision": value}}})),
+                            "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert plan is None
+    assert [(i.code, i.path) for i in issues] == [(code, "train.args.precision")]
     assert issues[0].line is not None
 
 

@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launchgen.checks import run_checks
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec, load_spec_text
 from launchgen.plan import (
     COMPLETE_MARKER,
     HEALTH_CLIENT_MARGIN_S,
     Plan,
+    PlanInvariantError,
     Ref,
     bash_issues,
     build_plan,
@@ -245,23 +247,11 @@ def test_precision_aliases(train: str, expected: str) -> None:
     ({"train": "{args: {data: {path: d}, learning_rate: -1}}"}, ("LG901", "train.args.learning_rate")),
     ({"train": "{args: {data: {path: d}, bogus: 1}}"}, ("LG901", "train.args.bogus")),
     ({"train": "{args: {}}"}, ("LG901", "train.args.data")),
-    ({"train": "{args: {data: {path: d}, output_dir: /x}}"}, ("LG902", "train.args.output_dir")),
-    ({"train": "{args: {data: {path: d}, model: {name_or_path: x}}}"}, ("LG902", "train.args.model")),
-    ({"vllm": "{gpus: [0]}", "train": "{args: {data: {path: d}, generation: {vllm_server: {port: 1}}}}"},
-     ("LG902", "train.args.generation.vllm_server.port")),
     ({"vllm": "{mode: server}"}, ("LG903", "vllm.gpus")),
     ({"vllm": "{gpus: [0, 9]}"}, ("LG903", "vllm.gpus")),
     ({"vllm": "{gpus: [0, 0]}"}, ("LG903", "vllm.gpus")),
     ({"vllm": "{gpus: [0, 1]}", "train": "{gpus: [1, 2], args: {data: {path: d}}}"}, ("LG903", "train.gpus")),
     ({"vllm": "{gpus: [0, 1, 2, 3]}", "slurm": "{gpus_per_node: 4}"}, ("LG903", "train.gpus")),
-    ({"vllm": "{gpus: [0, 1], tensor_parallel_size: 4}"}, ("LG904", "vllm.tensor_parallel_size")),
-    ({"vllm": "{nodes: 2, tensor_parallel_size: 16}"}, ("LG904", "vllm.tensor_parallel_size")),
-    ({"vllm": "{mode: colocate, tensor_parallel_size: 3}"}, ("LG904", "vllm.tensor_parallel_size")),
-    ({"vllm": "{mode: colocate, data_parallel_size: 2}"}, ("LG904", "vllm.data_parallel_size")),
-    ({"slurm": "{env: {trainer: {CUDA_VISIBLE_DEVICES: '0'}}}"}, ("LG905", "slurm.env.trainer.CUDA_VISIBLE_DEVICES")),
-    ({"slurm": "{env: {all: {LAUNCHGEN_PID_DIR: x}}}"}, ("LG905", "slurm.env.all.LAUNCHGEN_PID_DIR")),
-    ({"train": "{bf16: true, fp16: true, args: {data: {path: d}}}"}, ("LG906", "train.fp16")),
-    ({"train": "{precision: bf16, fp16: true, args: {data: {path: d}}}"}, ("LG906", "train.fp16")),
     ({"slurm": "{partition: 'gpu\\nrm -rf /'}"}, ("LG907", "slurm.partition")),
     ({"slurm": "{account: 'a b'}"}, ("LG907", "slurm.account")),
     ({"train": "{device: cpu, args: {data: {path: d}}}", "vllm": "{mode: colocate}"}, ("LG908", "vllm")),
@@ -271,6 +261,35 @@ def test_precision_aliases(train: str, expected: str) -> None:
 def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tuple[str, str]) -> None:
     found = codes_of(spec(**sections))
     assert expected in found, found
+
+
+# The rules the checks own: `check` reports each once (the same code and field the plan used to report where
+# the checks had no rule of their own), and build_plan, given such a spec unchecked, fails as an internal error.
+@pytest.mark.parametrize(("sections", "expected"), [
+    ({"train": "{args: {data: {path: d}, output_dir: /x}}"}, ("LG902", "train.args.output_dir")),
+    ({"train": "{args: {data: {path: d}, model: {name_or_path: x}}}"}, ("LG902", "train.args.model")),
+    ({"vllm": "{gpus: [0]}", "train": "{args: {data: {path: d}, generation: {vllm_server: {port: 1}}}}"},
+     ("LG505", "train.args.generation.vllm_server.port")),
+    ({"vllm": "{gpus: [0]}", "train": "{args: {data: {path: d}, generation: {vllm_server: {port: 8000}}}}"},
+     ("LG902", "train.args.generation.vllm_server.port")),
+    ({"train": "{args: {data: {path: d}, generation: {backend: hf}}}"}, ("LG902", "train.args.generation.backend")),
+    ({"vllm": "{gpus: [0, 1], tensor_parallel_size: 4}"}, ("LG201", "vllm.tensor_parallel_size")),
+    ({"vllm": "{nodes: 2, tensor_parallel_size: 16}"}, ("LG202", "vllm.tensor_parallel_size")),
+    ({"vllm": "{mode: colocate, tensor_parallel_size: 3}"}, ("LG209", "vllm.tensor_parallel_size")),
+    ({"vllm": "{mode: colocate, data_parallel_size: 2}"}, ("LG904", "vllm.data_parallel_size")),
+    ({"slurm": "{env: {trainer: {CUDA_VISIBLE_DEVICES: '0'}}}"}, ("LG807", "slurm.env.trainer.CUDA_VISIBLE_DEVICES")),
+    ({"slurm": "{env: {all: {LAUNCHGEN_PID_DIR: x}}}"}, ("LG807", "slurm.env.all.LAUNCHGEN_PID_DIR")),
+    ({"train": "{bf16: true, fp16: true, args: {data: {path: d}}}"}, ("LG605", "train.fp16")),
+    ({"train": "{precision: bf16, fp16: true, args: {data: {path: d}}}"}, ("LG606", "train.fp16")),
+])
+def test_rules_the_checks_own_are_reported_once_and_asserted_by_the_plan(
+        sections: dict[str, str], expected: tuple[str, str]) -> None:
+    text = spec(**sections)
+    plan, issues = run_checks(load_spec_text(text, "t.yaml"), env={})
+    errors = [(i.code, i.path) for i in issues if i.severity == "error"]
+    assert plan is None and errors == [expected], errors
+    with pytest.raises(PlanInvariantError, match="internal error"):
+        plan_of(text)
 
 
 def test_lg9xx_issues_carry_the_yaml_line() -> None:

@@ -30,6 +30,8 @@ from launchgen.trainers.dynamo_config import raise_recompile_limit, recompile_li
 from launchgen.trainers.errors import TrainerSetupError
 from torch.utils.checkpoint import checkpoint
 
+from launchgen.precision import MIXED_PRECISION
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -78,7 +80,7 @@ def check_precision(cfg: TrainerConfig) -> None:
 
 
 def accelerate_mixed_precision(cfg: TrainerConfig) -> str:
-    return {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[cfg.precision]
+    return MIXED_PRECISION[cfg.precision]
 
 
 def _is_hub_kernel(attn: str | None) -> bool:

@@ -24,6 +24,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from launchgen.layout import tp_divides
+
 from .protocol import GenerationOutput, SamplingParams
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ GatherFn = Callable[[list[list[int]]], list[list[list[int]]]]
 
 def tp_groups(num_processes: int, tp_size: int) -> list[list[int]]:
     """Consecutive ranks form a TP group: [[0..tp-1], [tp..2tp-1], ...]."""
-    if tp_size < 1 or num_processes % tp_size != 0:
+    if not tp_divides(num_processes, tp_size):  # launchgen's rule (LG209); hand-run trainers get it here
         raise ValueError(
             f"generation.vllm_colocate.tensor_parallel_size={tp_size} must divide the number of trainer processes "
             f"({num_processes}); pick a divisor or change the process count"
