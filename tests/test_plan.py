@@ -276,6 +276,7 @@ def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tupl
     ({"vllm": "{gpus: [0, 1], tensor_parallel_size: 4}"}, ("LG201", "vllm.tensor_parallel_size")),
     ({"vllm": "{nodes: 2, tensor_parallel_size: 16}"}, ("LG202", "vllm.tensor_parallel_size")),
     ({"vllm": "{mode: colocate, tensor_parallel_size: 3}"}, ("LG209", "vllm.tensor_parallel_size")),
+    ({"vllm": "{mode: colocate, tensor_parallel_size: 16}"}, ("LG202", "vllm.tensor_parallel_size")),
     ({"vllm": "{mode: colocate, data_parallel_size: 2}"}, ("LG904", "vllm.data_parallel_size")),
     ({"slurm": "{env: {trainer: {CUDA_VISIBLE_DEVICES: '0'}}}"}, ("LG807", "slurm.env.trainer.CUDA_VISIBLE_DEVICES")),
     ({"slurm": "{env: {all: {LAUNCHGEN_PID_DIR: x}}}"}, ("LG807", "slurm.env.all.LAUNCHGEN_PID_DIR")),
