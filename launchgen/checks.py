@@ -306,6 +306,30 @@ def idle_gpus(ctx: Ctx) -> Iterator[Issue]:
                         f"GPU(s) {', '.join(map(str, idle))} of each trainer node are used by no role")
 
 
+_doc("LG903", "error", "Server mode with an empty vllm.gpus: the server has no GPUs.",
+     "List the server's GPUs in `vllm.gpus`.")
+_doc("LG908", "error", "train.device: cpu with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.",
+     "Use `vllm.mode: server`, remove the `vllm` section, or set `train.device: cuda`.")
+
+
+@check("LG903")
+def server_has_gpus(ctx: Ctx) -> Iterator[Issue]:
+    v = ctx.spec.vllm
+    if ctx.server_mode and v is not None and v.gpus is not None and not ctx.layout.server_gpus:
+        yield ctx.issue("LG903", "vllm.gpus", "the server has no GPUs")  # vllm.gpus None is LG104's
+
+
+@check("LG908")
+def cpu_trainer_uses_no_gpus(ctx: Ctx) -> Iterator[Issue]:
+    if not ctx.cpu:
+        return
+    if ctx.colocate:
+        yield ctx.issue("LG908", "vllm", "train.device: cpu cannot run vLLM in-process (colocate needs GPUs)")
+    if ctx.spec.train.gpus is not None:
+        yield ctx.issue("LG908", "train.gpus", "train.device: cpu uses no GPUs",
+                        "Remove `train.gpus`, or set `train.device: cuda`.")
+
+
 # === LG2xx tensor/data parallelism and the model =========================================================
 
 _doc("LG201", "error", "tensor_parallel_size x data_parallel_size differs from the server's GPU count.",

@@ -7,17 +7,14 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     documented in docs/check-codes.md) for what cannot be resolved into a coherent plan:
 
     - LG901 ``train.args.<field>``: the trainer arguments do not validate as a ``TrainerConfig``.
-    - LG903 GPU layout: an index outside ``slurm.gpus_per_node``, a duplicate, server and trainer GPUs
-      overlapping on a shared node, no trainer GPU left, ``vllm.gpus`` missing where the server shares a node.
     - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
-    - LG908 ``train.device: cpu`` with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.
     - LG910 ``job.output_dir`` containing a line break or another control character.
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
 
-    The rules the checks own are not repeated here: a spec they refuse (TP x DP, colocate DP and TP, reserved
-    ``slurm.env`` names, precision aliases, trainer arguments the spec owns) makes ``build_plan`` raise
-    ``PlanInvariantError``, an internal error. Checks run first and call ``build_plan`` only when they found no
+    The rules the checks own are not repeated here: a spec they refuse (the GPU lists, TP x DP, colocate DP
+    and TP, a CPU trainer with GPUs, reserved ``slurm.env`` names, precision aliases, trainer arguments the
+    spec owns) makes ``build_plan`` raise ``PlanInvariantError``, an internal error. Checks run first and call ``build_plan`` only when they found no
     error, so a user sees one message per mistake. The layout itself comes from ``launchgen.layout``.
 
 Pure helpers for checks: ``resolve_gpus(spec) -> GpuAssignment``,
@@ -390,70 +387,26 @@ def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return lay.trainer_positions, lay.server_positions
 
 
-_SHARED_NO_GPUS = "the server shares trainer node 0 (vllm.nodes: 0) but no GPUs are given for it"
-
-
-def _out_of_range(path: str, gpus: tuple[int, ...], g: int) -> list[Issue]:
-    bad = sorted({i for i in gpus if i >= g})
-    if not bad:
-        return []
-    return [Issue("LG903", path, f"GPU indices {bad} do not exist on a node with slurm.gpus_per_node: {g} "
-                  f"(indices are 0..{g - 1})", "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node.")]
-
-
-def _cpu_gpu_issues(spec: Spec, lay: Layout) -> list[Issue]:
-    v, t = spec.vllm, spec.train
-    issues: list[Issue] = []
-    if lay.mode == "colocate":
-        issues.append(Issue("LG908", "vllm", "train.device: cpu cannot run vLLM in-process (colocate needs GPUs)",
-                            "Use `vllm.mode: server`, remove the `vllm` section, or set `train.device: cuda`."))
-    if t.gpus is not None:
-        issues.append(Issue("LG908", "train.gpus", "train.device: cpu uses no GPUs",
-                            "Remove `train.gpus`, or set `train.device: cuda`."))
-    if issues or lay.mode != "server":
-        return issues
-    # A CPU trainer beside a vLLM server (weights over gloo: LAUNCHGEN_WEIGHT_TRANSPORT=gloo): the server
-    # keeps its GPUs. This is how the SLURM tests run the real trainer with the `vllm serve` stand-in.
-    if lay.shared and v is not None and v.gpus is None:
-        return [Issue("LG903", "vllm.gpus", _SHARED_NO_GPUS, "Set `vllm.gpus` (e.g. [0, 1, 2, 3]).")]
-    return _out_of_range("vllm.gpus", lay.server_gpus, lay.gpus_per_node)[:1]
-
-
-def _gpu_issues(spec: Spec, lay: Layout) -> list[Issue]:
-    v, g = spec.vllm, lay.gpus_per_node
-    issues: list[Issue] = []
-    if lay.shared and v is not None and v.gpus is None:
-        issues.append(Issue("LG903", "vllm.gpus", _SHARED_NO_GPUS, "Set `vllm.gpus` (e.g. [0, 1, 2, 3]), or give "
-                            "the server its own nodes with `vllm.nodes`."))
-    if lay.mode == "colocate" and v is not None and v.gpus is not None:
-        issues.append(Issue("LG903", "vllm.gpus", "colocate mode runs vLLM on the trainer's own GPUs",
-                            "Remove `vllm.gpus` (colocate uses `train.gpus`)."))
-    for path, gpus in (("vllm.gpus", lay.server_gpus), ("train.gpus", lay.trainer_gpus)):
-        issues += _out_of_range(path, gpus, g)
-        dup = sorted({i for i in gpus if gpus.count(i) > 1})
-        if dup:
-            issues.append(Issue("LG903", path, f"GPU indices {dup} are listed more than once", "List each GPU once."))
-    both = sorted(set(lay.server_gpus) & set(lay.trainer_gpus)) if lay.shared else []
-    if both:
-        issues.append(Issue("LG903", "train.gpus", f"GPUs {both} of node 0 are given to both the server "
-                            "and the trainer (NCCL fails on a shared device)",
-                            "Make vllm.gpus and train.gpus disjoint, or use `vllm.mode: colocate`."))
-    if not lay.trainer_gpus:
-        issues.append(Issue("LG903", "train.gpus", "no GPU is left for the trainer",
-                            "Give the trainer GPUs with `train.gpus`, or move the server to its own node "
-                            "(`vllm.nodes: 1`)."))
-    if lay.mode == "server" and not lay.server_gpus and not any(i.path == "vllm.gpus" for i in issues):
-        issues.append(Issue("LG903", "vllm.gpus", "the server has no GPUs", "List the server's GPUs in `vllm.gpus`."))
-    return issues
+def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
+    """The GPU rules the checks enforce (LG101-LG105, LG501, LG903, LG908)."""
+    g, v = lay.gpus_per_node, spec.vllm
+    for gpus in (lay.server_gpus, lay.trainer_gpus):
+        _invariant(all(i < g for i in gpus) and len(set(gpus)) == len(gpus),
+                   "a GPU index is out of range or listed twice (LG101/LG102)")
+    _invariant(not (lay.shared and set(lay.server_gpus) & set(lay.trainer_gpus)), "server and trainer share a GPU "
+               "(LG103)")
+    _invariant(lay.mode != "server" or bool(lay.server_gpus), "the server has no GPUs (LG104/LG903)")
+    _invariant(lay.mode != "colocate" or v is None or v.gpus is None, "vllm.gpus in colocate mode (LG501)")
+    if lay.cpu:
+        _invariant(lay.mode != "colocate" and spec.train.gpus is None, "a CPU trainer with GPUs (LG908)")
+    else:
+        _invariant(bool(lay.trainer_gpus), "no GPU is left for the trainer (LG105)")
 
 
 def resolve_gpus(spec: Spec) -> GpuAssignment:
-    """GPU positions per role (from the layout resolver); raises SpecError (LG903/LG908) when they cannot be
-    laid out."""
+    """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
     lay = resolve_layout(spec)
-    issues = _cpu_gpu_issues(spec, lay) if lay.cpu else _gpu_issues(spec, lay)
-    if issues:
-        raise SpecError(issues)
+    _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
 
@@ -678,12 +631,12 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
     precision = resolve_precision(spec)
-    gpus: GpuAssignment | None = collect(resolve_gpus, spec)
+    gpus = resolve_gpus(spec)
     trainer_output_pattern = spec.job.output_dir.rstrip("/") + "/trainer"
     config = collect(build_trainer_config, spec, precision, trainer_output_pattern, loaded)
     batch_log = f"{spec.job.name}-%j.out"
     issues.extend(_directive_issues(spec, loaded))
-    if gpus is None or config is None or issues:
+    if config is None or issues:
         raise SpecError(issues)
 
     v, t = spec.vllm, spec.train
