@@ -34,8 +34,9 @@ from launchgen.checks import (
     split_kernel,
 )
 from launchgen.hfcache import kernel_in_cache, model_in_cache
-from launchgen.issues import Issue, SpecError
+from launchgen.issues import Issue
 from launchgen.loader import LoadedSpec
+from launchgen.precision import resolve_precision
 from launchgen.preflight.setup import probe_setup
 from launchgen.spec import parse_time_limit
 
@@ -233,12 +234,7 @@ def probe_versions(ctx: Ctx, versions: Mapping[str, str | None]) -> Iterator[Iss
 
 
 def probe_gpus(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
-    from launchgen.plan import resolve_precision
-
-    try:
-        precision = resolve_precision(ctx.spec)
-    except SpecError:
-        precision = ctx.spec.train.precision  # the contradiction itself is LG606's
+    precision = resolve_precision(ctx.spec)  # total: a contradiction among the aliases is LG605/LG606's
     if precision != "bf16" or ctx.spec.train.device == "cpu":
         yield _skip("the bf16 GPU probe", f"the trainer does not use bf16 on GPUs (precision {precision}, "
                     f"device {ctx.spec.train.device})")
