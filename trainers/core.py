@@ -39,7 +39,7 @@ from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.algorithms import online_dpo as dpo_alg
 from launchgen.trainers.algorithms import rloo as rloo_alg
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.config import TrainerConfig, apply_override
 from launchgen.trainers.data import PromptSampler, build_prompt, is_conversational, load_rows, tokenize_prompt
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
@@ -968,23 +968,6 @@ def run(cfg: TrainerConfig, trainer_cls: type[OnlineRLTrainer] | None = None) ->
     finally:
         trainer.signals.uninstall()
         trainer.close()
-
-
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """`a.b.c=value` into the nested mapping; the value is YAML (so `8001` is an int, `'x'` a string)."""
-    import yaml
-
-    key, sep, raw = item.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-    parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        nxt = node.setdefault(part, {})
-        if not isinstance(nxt, dict):
-            raise ValueError(f"--set {item!r}: {part} is not a mapping")
-        node = nxt
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
 
 
 def entry(argv: list[str] | None, trainer: str, trainer_cls: type[OnlineRLTrainer] | None = None) -> int:
