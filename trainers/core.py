@@ -67,7 +67,9 @@ class Trainer:
 
     @property
     def backend(self) -> GenerationBackend | None:
-        return self.source.backend if self._ready else None
+        # Also after a set-up that failed past the backend's creation (e.g. at resume): `close` must release it.
+        source: BatchSource | None = getattr(self, "source", None)
+        return source.backend if source is not None else None
 
     # ------------------------------------------------------------------------------------------ setup
 

@@ -350,3 +350,25 @@ def test_unscorable_batch_trains_with_zero_advantages(tmp_path: Path, tiny_model
     m = _metrics(tmp_path / "never")[0]
     assert m["reward"] is None and m["rewards/never/mean"] is None  # NaN is written as null
     assert m["loss"] == 0.0 and m["grad_norm"] == 0.0
+
+
+def test_backend_closed_when_setup_fails_after_creating_it(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set-up stops after the backend exists (output_dir is a file): `run` still closes it (sockets, engines)."""
+    from launchgen.trainers.generation import backends
+    from launchgen.trainers.generation.hf_generate import HFGenerateBackend
+
+    closed: list[bool] = []
+
+    class Closing(HFGenerateBackend):
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setattr(backends, "make_backend", lambda cfg, acc, model, tok: Closing.from_config(cfg, acc, model, tok))
+    (tmp_path / "taken").write_text("not a directory")
+    cfg = _cfg(tmp_path, tiny_model_dir, "taken", max_steps=1, per_device_train_batch_size=8, num_generations=4)
+    with pytest.raises(FileExistsError):
+        run_cfg(cfg)
+    assert closed == [True]
