@@ -33,7 +33,7 @@ from launchgen.trainers.config import TrainerConfig, apply_override
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
-from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry, Objective
+from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
 from launchgen.trainers.stats import Stat, StepStats, mean_ignoring_nan, reduce_step
 from launchgen.trainers.weights import iter_full_named_params
@@ -83,9 +83,9 @@ class Trainer:
         self.objective: Objective = build_objective(cfg, acc.num_processes)
         self._refuse_passes_under_deepspeed()
         set_seed(cfg.seed, device_specific=True)
-        self.geometry = Geometry.from_config(cfg, acc.num_processes)
+        self.geometry = self.objective.geometry
         # Cheap, user-fixable inputs first, so their errors do not wait for a large model to load.
-        self.source: BatchSource = self.objective.make_source(cfg, acc, self.geometry)
+        self.source: BatchSource = self.objective.make_source(acc)
         self.tokenizer = modeling.load_tokenizer(cfg)
         self.source.after_tokenizer(self.tokenizer)
         self._load_models()

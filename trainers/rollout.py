@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from launchgen.trainers.algorithms import grpo as grpo_alg
-from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.data import (
     PromptSampler,
     build_prompt,
@@ -28,7 +27,7 @@ from launchgen.trainers.data import (
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation import backends
 from launchgen.trainers.generation.protocol import GenerationBackend, GenerationOutput, SamplingParams
-from launchgen.trainers.objectives.base import Batch, Geometry, RLObjective, ScoredRollout
+from launchgen.trainers.objectives.base import Batch, RLObjective, ScoredRollout
 from launchgen.trainers.passes import RowLayout, rows_per_pass
 from launchgen.trainers.rewards import LoadedReward, load_rewards, score
 
@@ -45,8 +44,10 @@ class Rollout:
     layout = RL_LAYOUT
     progress_keys = ("reward", "loss")
 
-    def __init__(self, objective: RLObjective, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> None:
-        self.objective, self.cfg, self.accelerator, self.geometry = objective, cfg, accelerator, geometry
+    def __init__(self, objective: RLObjective, accelerator: Any) -> None:
+        self.objective, self.accelerator = objective, accelerator
+        cfg = self.cfg = objective.cfg
+        self.geometry = objective.geometry
         self.needs_weight_sync = backends.capabilities(cfg).needs_weight_sync
         self.backend: GenerationBackend | None = None
         self.rows = load_rows(cfg.data)

@@ -86,6 +86,8 @@ class BatchSource(Protocol):
 
 class Objective(Protocol):
     name: str
+    cfg: TrainerConfig
+    geometry: Geometry
     #: Rows kept together by the shuffle and the forward passes (Online DPO: a chosen/rejected pair).
     pair_size: int
     needs_reference: bool
@@ -95,7 +97,7 @@ class Objective(Protocol):
     def validate(self) -> None:
         """Cross-field checks that need the process count; messages name the fields and the fix."""
 
-    def make_source(self, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> BatchSource:
+    def make_source(self, accelerator: Any) -> BatchSource:
         """Loads the cheap, user-fixable inputs (data, reward functions) so their errors come before the model."""
         ...
 
@@ -141,22 +143,26 @@ class RLObjective(Objective, Protocol):
         ...
 
 
-def validate_rollout(cfg: TrainerConfig, num_processes: int) -> None:
-    spg = int(cfg.steps_per_generation or cfg.gradient_accumulation_steps)
-    g = int(cfg.num_generations or 2)
-    total = cfg.per_device_train_batch_size * num_processes * spg
-    if total % g:
+def validate_rollout(geometry: Geometry) -> None:
+    """A generation batch must hold whole groups of num_generations completions."""
+    if geometry.global_gen % geometry.G:
         raise TrainerSetupError(
-            f"generation batch = per_device_train_batch_size ({cfg.per_device_train_batch_size}) x processes "
-            f"({num_processes}) x steps_per_generation ({spg}) = {total} completions, not divisible by "
-            f"num_generations ({g}): change per_device_train_batch_size, steps_per_generation or num_generations"
+            f"generation batch = per_device_train_batch_size ({geometry.B}) x processes ({geometry.num_processes}) "
+            f"x steps_per_generation ({geometry.spg}) = {geometry.global_gen} completions, not divisible by "
+            f"num_generations ({geometry.G}): change per_device_train_batch_size, steps_per_generation or "
+            "num_generations"
         )
 
 
-def make_rollout(objective: RLObjective, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> BatchSource:
+def clip_range(cfg: TrainerConfig) -> tuple[float, float]:
+    """(epsilon_low, epsilon_high) of the clipped ratio; epsilon_high defaults to epsilon."""
+    return cfg.epsilon, float(cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon)
+
+
+def make_rollout(objective: RLObjective, accelerator: Any) -> BatchSource:
     from launchgen.trainers.rollout import Rollout
 
-    return Rollout(objective, cfg, accelerator, geometry)
+    return Rollout(objective, accelerator)
 
 
 def uses_separate_engine(caps: Capabilities) -> bool:

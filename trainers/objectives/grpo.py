@@ -29,8 +29,7 @@ class GRPOObjective:
         self.geometry = base.Geometry.from_config(cfg, num_processes)
         self.caps = capabilities(cfg)
         self.beta = float(cfg.beta or 0.0)
-        self.eps_lo = cfg.epsilon
-        self.eps_hi = float(cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon)
+        self.eps_lo, self.eps_hi = base.clip_range(cfg)
         isc = cfg.generation.importance_sampling
         self.uses_importance_sampling = base.uses_separate_engine(self.caps) and isc.enabled
         g = self.geometry
@@ -42,15 +41,15 @@ class GRPOObjective:
         self._liger_loss: Any = None
 
     def validate(self) -> None:
-        base.validate_rollout(self.cfg, self.geometry.num_processes)
+        base.validate_rollout(self.geometry)
         if self.uses_importance_sampling and not self.caps.returns_logprobs:
             raise TrainerSetupError(
                 f"generation.importance_sampling.enabled needs per-token log-probs, which generation.backend "
                 f"{self.cfg.generation.backend} does not return: disable the correction"
             )
 
-    def make_source(self, cfg: TrainerConfig, accelerator: Any, geometry: base.Geometry) -> base.BatchSource:
-        return base.make_rollout(self, cfg, accelerator, geometry)
+    def make_source(self, accelerator: Any) -> base.BatchSource:
+        return base.make_rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> torch.Tensor:
         adv = grpo_alg.grpo_advantages(batch.rewards, self.geometry.G, self.cfg.scale_rewards)

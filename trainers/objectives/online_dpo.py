@@ -27,10 +27,10 @@ class OnlineDPOObjective:
         self.beta = float(cfg.beta or 0.0)
 
     def validate(self) -> None:
-        base.validate_rollout(self.cfg, self.geometry.num_processes)
+        base.validate_rollout(self.geometry)
 
-    def make_source(self, cfg: TrainerConfig, accelerator: Any, geometry: base.Geometry) -> base.BatchSource:
-        return base.make_rollout(self, cfg, accelerator, geometry)
+    def make_source(self, accelerator: Any) -> base.BatchSource:
+        return base.make_rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> None:
         """Reorders this process's rows chosen-first (local_gen is even, so they hold whole pairs)."""

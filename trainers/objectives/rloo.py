@@ -23,18 +23,17 @@ class RLOOObjective:
         self.cfg = cfg
         self.geometry = base.Geometry.from_config(cfg, num_processes)
         self.beta = float(cfg.beta or 0.0)
-        self.eps_lo = cfg.epsilon
-        self.eps_hi = float(cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon)
+        self.eps_lo, self.eps_hi = base.clip_range(cfg)
         self.needs_reference = self.beta != 0.0
         self.logp_temperature = cfg.generation.temperature
 
     def validate(self) -> None:
-        base.validate_rollout(self.cfg, self.geometry.num_processes)
+        base.validate_rollout(self.geometry)
         if self.geometry.G < 2:
             raise TrainerSetupError("num_generations must be >= 2 for rloo (leave-one-out baseline)")
 
-    def make_source(self, cfg: TrainerConfig, accelerator: Any, geometry: base.Geometry) -> base.BatchSource:
-        return base.make_rollout(self, cfg, accelerator, geometry)
+    def make_source(self, accelerator: Any) -> base.BatchSource:
+        return base.make_rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> torch.Tensor:
         old, ref, mask, acc = batch.old, batch.ref, batch.mask, batch.accelerator

@@ -20,7 +20,7 @@ class SFTObjective:
 
     def __init__(self, cfg: TrainerConfig, num_processes: int) -> None:
         self.cfg = cfg
-        self.num_processes = num_processes
+        self.geometry = Geometry.from_config(cfg, num_processes)
         self._liger: Any = None
 
     def validate(self) -> None:
@@ -30,9 +30,9 @@ class SFTObjective:
                 "steps_per_generation and num_iterations are online-RL settings: leave them unset for sft"
             )
 
-    def make_source(self, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> BatchSource:
-        source = ExampleSource(cfg, accelerator, geometry)
-        if cfg.model.use_liger_kernel:
+    def make_source(self, accelerator: Any) -> BatchSource:
+        source = ExampleSource(self.cfg, accelerator, self.geometry)
+        if self.cfg.model.use_liger_kernel:
             self._liger = make_liger_ce_loss()
         return source
 
@@ -45,4 +45,4 @@ class SFTObjective:
         if entropy is not None:
             stats.add_mean("entropy", (entropy * m).sum(), m.sum())
         # Divided by the step's trained tokens on all processes / n_proc: DDP's gradient mean makes it the global mean.
-        return nll / (mb["num_items_in_batch"].to(nll.dtype) / self.num_processes)
+        return nll / (mb["num_items_in_batch"].to(nll.dtype) / self.geometry.num_processes)
