@@ -103,3 +103,18 @@ def test_unknown_trainer_is_a_setup_error() -> None:
     object.__setattr__(cfg, "trainer", "ppo")  # past the config's Literal, as a new name without an entry would be
     with pytest.raises(TrainerSetupError, match="trainer 'ppo' is not one of grpo, rloo, online_dpo, sft"):
         objectives.build_objective(cfg, 1)
+
+
+def test_liger_support_is_declared_by_the_objective(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.objectives import OBJECTIVES, build_objective
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the trainer's support
+    liger = {"name_or_path": "m", "use_liger_kernel": True}
+    with pytest.raises(TrainerSetupError, match="supported for grpo, rloo, sft, not online_dpo"):
+        build_objective(_cfg(trainer="online_dpo", model=liger), 1)
+    monkeypatch.setattr(OBJECTIVES["rloo"], "supports_liger", False)
+    with pytest.raises(TrainerSetupError, match="supported for grpo, sft, not rloo"):
+        build_objective(_cfg(trainer="rloo", model=liger), 1)
+    assert build_objective(_cfg(model=liger), 1).name == "grpo"

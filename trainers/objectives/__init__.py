@@ -31,4 +31,7 @@ def build_objective(cfg: TrainerConfig, num_processes: int) -> Objective:
         from launchgen.trainers.modeling import check_liger_compatible
 
         check_liger_compatible(cfg)
+        if not objective.supports_liger:
+            able = [name for name, c in OBJECTIVES.items() if c.supports_liger]
+            raise TrainerSetupError(f"model.use_liger_kernel is supported for {', '.join(able)}, not {cfg.trainer}")
     return objective

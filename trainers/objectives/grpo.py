@@ -23,6 +23,7 @@ def keeps_old_logps(use_is: bool, ga: int, spg: int, num_iterations: int) -> boo
 class GRPOObjective:
     name = "grpo"
     pair_size = 1
+    supports_liger = True
 
     def __init__(self, cfg: TrainerConfig, num_processes: int) -> None:
         self.cfg = cfg

@@ -15,6 +15,7 @@ from launchgen.trainers.stats import Stat, StepStats
 class OnlineDPOObjective:
     name = "online_dpo"
     pair_size = 2  # rows are (chosen, rejected) pairs: never split by the shuffle or the passes
+    supports_liger = False
     always_extremes: tuple[str, ...] = ()
     needs_reference = True
     keeps_old_logps = False  # no ratio: the loss compares the policy with the reference only

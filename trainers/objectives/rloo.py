@@ -15,6 +15,7 @@ from launchgen.trainers.stats import Stat, StepStats
 class RLOOObjective:
     name = "rloo"
     pair_size = 1
+    supports_liger = True
     always_extremes: tuple[str, ...] = ()
     uses_importance_sampling = False
     keeps_old_logps = True  # its sequence-level ratio and KL penalty use them

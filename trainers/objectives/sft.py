@@ -15,6 +15,7 @@ from launchgen.trainers.supervised import ExampleSource, make_liger_ce_loss, seq
 class SFTObjective:
     name = "sft"
     pair_size = 1
+    supports_liger = True
     needs_reference = False
     always_extremes: tuple[str, ...] = ()
 
