@@ -12,6 +12,7 @@ Checks run in two stages. Spec checks see only the validated Spec (so they still
 once, when the spec is too broken to plan). If none of them is an error the plan is built and the plan checks
 run on it. Each check is written so that it never raises on odd input: a value of the wrong type in the free
 form `train.args` is the trainer config's problem (reported when the plan validates it), not a crash here.
+A third stage, `files` (`launchgen/preflight/`), reads what the spec names on disk; only `check` runs it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ WIDE_BINDS = ("0.0.0.0", "::", "[::]", "*")
 
 # --- registry ---------------------------------------------------------------------------------------------
 
-Stage = Literal["spec", "plan"]
+#: `files` checks read what the spec names on disk; only `check` runs them (see launchgen.preflight).
+Stage = Literal["spec", "plan", "files"]
 
 
 @dataclass(frozen=True)
@@ -1073,18 +1075,19 @@ def has_errors(issues: Iterable[Issue]) -> bool:
     return any(i.severity == "error" for i in issues)
 
 
-def run_checks(loaded: LoadedSpec, *, strict: bool = False,
-               env: Mapping[str, str] | None = None) -> tuple[Plan | None, list[Issue]]:
-    """Spec checks, then (if none is an error) the plan and the plan checks.
+def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, str] | None = None,
+               files: bool = False) -> tuple[Plan | None, list[Issue]]:
+    """Spec checks (and with `files` the checks of the files the spec names, which need only the Spec), then,
+    if no spec check is an error, the plan and the plan checks.
 
     Returns the plan (None when there are errors, strict included) and every issue, sorted by line.
     Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
     """
     ctx = Ctx(loaded, dict(os.environ) if env is None else env)
-    issues = _run_stage(ctx, "spec")
+    issues = _run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else [])
     if strict:
         issues = apply_strict(issues)
-    if has_errors(issues):
+    if any(i.severity == "error" and i.code not in _FILE_CODES for i in issues):
         return None, sort_issues(issues)
     from launchgen.plan import build_plan  # deferred: checks load even where plan cannot be built
 
@@ -1104,7 +1107,7 @@ _RANGES = (
     ("LG0", "Loading the spec (`launchgen/loader.py`)"),
     ("LG1", "GPUs and topology"),
     ("LG2", "Tensor/data parallelism and the model"),
-    ("LG3", "Trainer world size, backend, batch"),
+    ("LG3", "Trainer world size, backend, batch, rewards, data"),
     ("LG4", "Ports"),
     ("LG5", "Mode rules (server, colocate, no vLLM)"),
     ("LG6", "Kernels and precision"),
@@ -1123,3 +1126,9 @@ def codes_markdown() -> str:
             d = CODES[code]
             out.append(f"| `{code}` | {d.severity} | {d.title.replace('|', '/')} | {d.fix.replace('|', '/')} |")
     return "\n".join(out) + "\n"
+
+
+# The file checks register themselves on import; imported last, as they use the registry above.
+from launchgen import preflight as _preflight  # noqa: E402,F401
+
+_FILE_CODES = frozenset(c for chk in CHECKS if chk.stage == "files" for c in chk.codes)

@@ -275,6 +275,7 @@ def test_lg603_unknown_gqa_is_a_warning_and_mha_is_clean(tmp_path: Path) -> None
 def test_every_check_code_is_documented_and_tested() -> None:
     registered = {c for chk in checks.CHECKS for c in chk.codes}
     assert registered <= set(CODES)
+    registered -= {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes}  # test_preflight.py
     tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 

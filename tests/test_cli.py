@@ -29,6 +29,14 @@ train:
 """
 
 
+@pytest.fixture(autouse=True)
+def submit_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check` reads the data the specs name from the current directory (the submit directory): give it some."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    (tmp_path / "sft.jsonl").write_text('{"prompt": "hi", "completion": "hello"}\n')
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(main, list(args), env={"HF_HOME": "/nonexistent-hf-home", **(env or {})})
 

@@ -64,6 +64,7 @@ def test_light_verbs_import_no_heavy_package(tmp_path: Path, args: list[str]) ->
     if importlib.util.find_spec(f"launchgen.cli.{verb}") is None:
         pytest.skip(f"verb {verb} not present")
     (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')  # check peeks at it
     result = _run(args, tmp_path)
     assert result["code"] in (0, None), result
     assert result["heavy"] == [], f"`launchgen {' '.join(args)}` imported {result['heavy']}"

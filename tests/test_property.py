@@ -191,7 +191,7 @@ def test_in_process_checks_never_raise(spec: dict[str, Any]) -> None:
         assert exc.issues and all(re.fullmatch(r"LG\d{3}", i.code) for i in exc.issues)
         assert all(i.severity == "error" for i in exc.issues)
         return
-    plan, issues = run_checks(loaded, env={})
+    plan, issues = run_checks(loaded, env={}, files=True)
     assert all(re.fullmatch(r"LG\d{3}", i.code) for i in issues)
     assert all(i.message for i in issues)
     assert (plan is None) == has_errors(issues)

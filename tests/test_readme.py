@@ -57,6 +57,15 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "LAUNCHGEN_REQUIRE_SLURM=1" in ci, ".ci/run must not let the SLURM tests pass by skipping"
 
 
+def test_newest_versions_command_is_documented_and_ci_can_run_it() -> None:
+    readme = README.read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    m = re.search(r"^pip install torch==2\.13\.0 && pip install -U --upgrade-strategy eager -e '\.\[dev\]' "
+                  r"torch==2\.13\.0 && python -m pytest -q$", readme, flags=re.M)
+    assert m, "README's newest-versions command is missing (torch must stay pinned in it)"
+    assert '-U --upgrade-strategy eager -e ".[dev${extras}]" torch==2.13.0' in ci
+
+
 def test_constraints_pin_the_test_toolchain() -> None:
     pins = {line.split("==")[0].lower().replace("_", "-") for line in
             (ROOT / "tests" / "constraints.txt").read_text().splitlines() if "==" in line and not line.startswith("#")}

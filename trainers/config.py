@@ -88,7 +88,8 @@ class ModelSection(_Strict):
 
 class DataSection(_Strict):
     path: str = Field(
-        description="Local .jsonl/.json/.parquet file, or a Hub data set name (needs the `datasets` package)."
+        description="Local .jsonl/.json/.parquet file, a `datasets` save_to_disk folder (a DatasetDict uses `split`), "
+        "or a Hub data set name (needs the `datasets` package)."
     )
     split: str = Field(default="train", description="Split of a Hub data set.")
     config_name: str | None = Field(default=None, description="Hub data set configuration name.")

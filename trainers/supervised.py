@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.data import PromptSampler, is_conversational, pad_rows, read_rows
+from launchgen.trainers.datafiles import detect_sft_format as detect_format
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.passes import RowLayout
 
@@ -42,19 +43,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("messages", "prompt_completion", "text")
 IGNORE_INDEX = -100
-
-
-def detect_format(row: dict[str, Any], prompt_column: str) -> str:
-    if "messages" in row:
-        return "messages"
-    if prompt_column in row and "completion" in row:
-        return "prompt_completion"
-    if "text" in row:
-        return "text"
-    raise TrainerSetupError(
-        f"data: sft needs a `messages` column (chat), `{prompt_column}` + `completion` columns, or a `text` column; "
-        f"found {', '.join(sorted(row)) or 'none'}: rename with data.column_mapping (or set data.prompt_column)"
-    )
 
 
 def _messages(value: Any, what: str) -> list[dict[str, Any]]:
