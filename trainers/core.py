@@ -89,7 +89,7 @@ class Trainer:
         self.tokenizer = modeling.load_tokenizer(cfg)
         self.source.after_tokenizer(self.tokenizer)
         self._load_models()
-        self.source.start(self.model, self.ref_model, self.tokenizer, self.compiled)
+        self.source.start(self.model, self.ref_model, self.compiled)
         self.global_step = 0
         self.micro_step = 0
         self.buffer: list[Batch] | None = None

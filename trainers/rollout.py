@@ -59,10 +59,10 @@ class Rollout:
     def after_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def start(self, model: Any, ref_model: Any, tokenizer: Any, compiled_layers: bool) -> None:
+    def start(self, model: Any, ref_model: Any, compiled_layers: bool) -> None:
         self.model, self.ref_model = model, ref_model
         self.compiled_layers = compiled_layers  # generation must then run the layers eagerly
-        self.backend = backends.make_backend(self.cfg, self.accelerator, model, tokenizer)
+        self.backend = backends.make_backend(self.cfg, self.accelerator, model, self.tokenizer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler": self.sampler.state_dict()}

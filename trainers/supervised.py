@@ -235,7 +235,7 @@ class ExampleSource:
         self.tokenizer = tokenizer
         self._example(0)  # a malformed first row or an unusable template fails before the model loads
 
-    def start(self, model: Any, ref_model: Any, tokenizer: Any, compiled_layers: bool) -> None:
+    def start(self, model: Any, ref_model: Any, compiled_layers: bool) -> None:
         return None
 
     def state_dict(self) -> dict[str, Any]:

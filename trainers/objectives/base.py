@@ -72,7 +72,7 @@ class BatchSource(Protocol):
     def after_tokenizer(self, tokenizer: Any) -> None:
         """Cheap checks that need the tokenizer, before the model loads."""
 
-    def start(self, model: Any, ref_model: Any, tokenizer: Any, compiled_layers: bool) -> None:
+    def start(self, model: Any, ref_model: Any, compiled_layers: bool) -> None:
         """Called once the (prepared) models exist: a rollout creates its generation backend here."""
 
     def next_batches(self) -> tuple[list[Batch], dict[str, float]]: ...
