@@ -69,18 +69,32 @@ def _bin(dirpath: Path) -> None:
         path.chmod(0o755)
 
 
+def _argument(text: str) -> str:
+    """`text` made a valid command-line argument (model.name_or_path): one line, trimmed, no leading `-`."""
+    one = "".join(" " if not c.isprintable() else c for c in text).strip()
+    return "m" + one if not one or one.startswith("-") else one
+
+
+def _bareword(text: str) -> str:
+    """`text` made a valid model.revision: an argument without blanks."""
+    return _argument("".join(c for c in text if not c.isspace()))
+
+
 def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         canary = root / "CANARY"
         inj = injection.format(c=canary)
         nasty = value + inj
+        # model.name_or_path and model.revision become command-line words, so the spec refuses line breaks,
+        # leading dashes (and, for the revision, blanks); vllm.bind must be an address. Everything else is free.
+        name, revision, bind = _argument(nasty), _bareword(inj), "127.0.0.1"
         spec = {
             "job": {"name": "q", "output_dir": f"runs/{dirname}/%j"},
             "slurm": {"gpus_per_node": 2, "env": {"all": {"LG_TEST_ALL": nasty},
                                                   "server": {"LG_TEST_SERVER": inj + value},
                                                   "trainer": {"LG_TEST_TRAINER": nasty + "'"}}},
-            "model": {"name_or_path": nasty, "revision": inj},
+            "model": {"name_or_path": name, "revision": revision},
             "train": {"gpus": [1] if with_server else [0, 1],
                       "args": {"data": {"path": nasty, "system_prompt": inj}, "max_steps": 1}},
         }
@@ -88,7 +102,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         spec["slurm"]["env"] = {role: {k.replace("LG_", "QT_"): v for k, v in env.items()}
                                 for role, env in spec["slurm"]["env"].items()}
         if with_server:
-            spec["vllm"] = {"mode": "server", "gpus": [0], "bind": nasty.replace("\n", " "),
+            spec["vllm"] = {"mode": "server", "gpus": [0], "bind": bind,
                             "extra_args": [nasty, inj, value], "health_timeout": 60}
         plan = build_plan(load_spec_text(yaml.safe_dump(spec), f"spec {inj}.yaml"))
         script = root / "job.sh"
@@ -108,7 +122,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         assert trainer["env"]["QT_TEST_TRAINER"] == nasty + "'"
         assert "QT_TEST_SERVER" not in trainer["env"]
         cfg = trainer["config"]
-        assert cfg["model"]["name_or_path"] == nasty and cfg["model"]["revision"] == inj
+        assert cfg["model"]["name_or_path"] == name and cfg["model"]["revision"] == revision
         assert cfg["data"]["path"] == nasty and cfg["data"]["system_prompt"] == inj
         job_dir = root / "runs" / dirname.replace("%j", "local") / "local"  # every %j is the job id
         assert cfg["output_dir"] == str(job_dir.resolve() / "trainer")
@@ -121,9 +135,9 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
             for got, want in zip(server["argv"], expected, strict=True):
                 if isinstance(want, str):
                     assert got == want
-            assert server["argv"][1] == nasty and server["argv"][-3:] == [nasty, inj, value]
+            assert server["argv"][1] == name and server["argv"][-3:] == [nasty, inj, value]
             assert server["env"]["QT_TEST_SERVER"] == inj + value and server["env"]["VLLM_SERVER_DEV_MODE"] == "1"
-            assert cfg["generation"]["vllm_server"]["host"] == nasty.replace("\n", " ")
+            assert cfg["generation"]["vllm_server"]["host"] == bind
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
