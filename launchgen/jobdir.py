@@ -52,6 +52,8 @@ EXIT_PREEMPTED = 75
 EXIT_SERVER_FAILED = EXIT_FAILURE
 #: a job that ended with one of these did not fail: it completed, or it checkpointed for a re-run
 EXIT_NOT_FAILED = frozenset({EXIT_OK, EXIT_PREEMPTED})
+#: a status above 128 is 128 + the signal that ended the process; the signals a job sees, by number
+SIGNAL_NAMES = {1: "HUP", 2: "INT", 6: "ABRT", 9: "KILL", 11: "SEGV", 12: "USR2", 10: "USR1", 15: "TERM"}
 
 # ---------------------------------------------------------------------------------------- file names ---
 
@@ -146,6 +148,19 @@ def pid_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
 
 def exit_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
     return Path(pid_dir) / node / EXIT_FILE.format(rank=rank)
+
+
+#: what the script prints into the batch log (StdOut) once it knows its job directory:
+#: `... logs in <job dir>/logs/attempt-<N>`; `launchgen status` finds the job directory from it
+LOGS_ANNOUNCEMENT = "logs in"
+#: the script's variable holding job.output_dir as written (`scontrol write batch_script` shows it)
+OUTPUT_DIR_VAR = "LG_OUTPUT_DIR"
+
+
+def announced_job_dirs(text: str) -> list[str]:
+    """The job directories a batch log announces (LOGS_ANNOUNCEMENT), in order."""
+    attempt_dir = re.escape(DEFAULT_LAYOUT.log_dir).replace(re.escape("{attempt}"), r"\d+")
+    return re.findall(re.escape(LOGS_ANNOUNCEMENT) + r" (/\S+)/" + attempt_dir, text)
 
 
 def is_job_dir(p: Path) -> bool:
@@ -353,6 +368,16 @@ class RunRecord:
                     out[r].append(name)
         return out
 
+    def roles(self) -> tuple[str, ...]:
+        """The roles some node of the plan has, in ROLES order (a job without vLLM has no server)."""
+        have = {r for rs in self._node_roles() for r in rs}
+        return tuple(r for r in ROLES if r in have)
+
+    def _node_roles(self) -> list[list[str]]:
+        nodes = self.plan.get("nodes")
+        rows = [n.get("roles") for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else []
+        return [[r for r in rs if r in ROLES] for rs in rows if isinstance(rs, list)]
+
     def layout_value(self, key: str) -> str | None:
         layout = self.plan.get("layout")
         v = layout.get(key) if isinstance(layout, dict) else None
@@ -409,4 +434,5 @@ def template_context() -> dict[str, Any]:
         "exit_preempted": EXIT_PREEMPTED,
         "env_pid_dir": ENV_PID_DIR,
         "run_record_writer": RUN_RECORD_WRITER,
+        "logs_announcement": LOGS_ANNOUNCEMENT,
     }
