@@ -431,8 +431,6 @@ def template_context() -> dict[str, Any]:
     return {
         "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT},
         "event_time_format": EVENT_TIME_FORMAT,
-        "exit_preempted": EXIT_PREEMPTED,
-        "env_pid_dir": ENV_PID_DIR,
         "run_record_writer": RUN_RECORD_WRITER,
         "logs_announcement": LOGS_ANNOUNCEMENT,
     }
