@@ -7,6 +7,7 @@ and exit files. Readers: `parse_event`, `RunRecord.from_json`, `CompletionMarker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -135,6 +136,9 @@ def test_the_scripts_writer_produces_a_record_the_reader_reads(tmp_path: Path) -
     assert rec.batch_log() == "/sub/" + plan.layout.batch_log.replace("%j", "42")
     assert rec.complete_marker == str(tmp_path / layout.complete_marker)
     assert rec.to_json() == data
+    unset = [f.name for f in dataclasses.fields(rec) if getattr(rec, f.name) is None]
+    assert unset == [], f"the writer does not fill {unset}: RUN_RECORD_WRITER and RunRecord disagree"
+    assert not set(data) - set(plan.to_json()) - {f.name for f in dataclasses.fields(rec)}, "keys only the writer knows"
 
 
 def test_a_hand_edited_record_reads_with_bad_fields_absent() -> None:
