@@ -79,8 +79,6 @@ ENV_NODE_NAME = "LAUNCHGEN_NODE_NAME"
 ENV_COLOCATE_MASTER_PORT = "LAUNCHGEN_COLOCATE_MASTER_PORT"
 #: how trainer weights reach the vLLM server (nccl, or gloo for a CPU trainer)
 ENV_WEIGHT_TRANSPORT = "LAUNCHGEN_WEIGHT_TRANSPORT"
-#: tracebacks instead of one-line internal errors in the CLI
-ENV_DEBUG = "LAUNCHGEN_DEBUG"
 #: the prefixes of the variables launchgen sets itself (a user may not set them in slurm.env)
 RESERVED_ENV_PREFIXES = ("LAUNCHGEN_", "LG_")
 
@@ -126,20 +124,30 @@ class Layout:
 
 #: the layout every job has (output_dir aside), for readers that have no plan
 DEFAULT_LAYOUT = Layout(output_dir="")
-_ATTEMPT_RE = re.compile(r"^attempt-(?P<n>\d+)$")
-_ROLE_LOG_RE = re.compile(r"^(?P<role>" + "|".join(ROLES) + r")-(?P<node>.+)\.log$")
+
+
+def _name_rx(pattern: str, **groups: str) -> str:
+    """A layout pattern (`server-{node}.log`) as a regex (no anchors) with a named group per field."""
+    rx = re.escape(pattern)
+    for name, body in groups.items():
+        rx = rx.replace(re.escape("{" + name + "}"), f"(?P<{name}>{body})")
+    return rx
+
+
+_ATTEMPT_RE = re.compile(f"^{_name_rx(Path(DEFAULT_LAYOUT.log_dir).name, attempt=r'[0-9]+')}$")
+_ROLE_LOG_RES = {r: re.compile(f"^{_name_rx(Path(DEFAULT_LAYOUT.role_log(r, 0, '{node}')).name, node='.+')}$")
+                 for r in ROLES}
 
 
 def attempt_of(dirname: str) -> int | None:
     """N of an `attempt-N` folder; None for anything else there (`attempt-0.bak`, a copy someone made)."""
     m = _ATTEMPT_RE.match(dirname)
-    return int(m["n"]) if m else None
+    return int(m["attempt"]) if m else None
 
 
 def role_log_of(filename: str) -> tuple[str, str] | None:
     """(role, node) of a `<role>-<node>.log` file in an attempt folder; None for any other file."""
-    m = _ROLE_LOG_RE.match(filename)
-    return (m["role"], m["node"]) if m else None
+    return next(((r, m["node"]) for r, rx in _ROLE_LOG_RES.items() if (m := rx.match(filename))), None)
 
 
 def pid_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
@@ -159,8 +167,8 @@ OUTPUT_DIR_VAR = "LG_OUTPUT_DIR"
 
 def announced_job_dirs(text: str) -> list[str]:
     """The job directories a batch log announces (LOGS_ANNOUNCEMENT), in order."""
-    attempt_dir = re.escape(DEFAULT_LAYOUT.log_dir).replace(re.escape("{attempt}"), r"\d+")
-    return re.findall(re.escape(LOGS_ANNOUNCEMENT) + r" (/\S+)/" + attempt_dir, text)
+    rx = re.escape(LOGS_ANNOUNCEMENT) + r" (?P<dir>/\S+)/" + _name_rx(DEFAULT_LAYOUT.log_dir, attempt="[0-9]+")
+    return [m["dir"] for m in re.finditer(rx, text)]
 
 
 def is_job_dir(p: Path) -> bool:

@@ -89,6 +89,9 @@ def test_rendered_event_lines_are_declared_events(name: str, sched: str) -> None
     assert {J.Ev.START, J.Ev.TRAINER_START, J.Ev.TRAINER_EXIT, J.Ev.EXIT, J.Ev.USR2, J.Ev.SIGNAL} <= names
     assert f"%({J.EVENT_TIME_FORMAT})T" in script  # lg_event stamps with the contract's time format
     assert J.RUN_RECORD_WRITER in script
+    # what `status` looks for in a batch script and a batch log
+    assert f"\n{J.OUTPUT_DIR_VAR}=" in script and f"{J.LOGS_ANNOUNCEMENT} $LG_LOG_DIR" in script
+    assert f"\n{J.ENV_PID_DIR}=" in script  # where launchgen.rank writes and steps/signal.sh reads
 
 
 def test_every_declared_event_is_written_by_some_script() -> None:
@@ -156,6 +159,8 @@ def test_layout_names() -> None:
     assert J.role_log_of("server-node7.log") == ("server", "node7")
     assert J.role_log_of("signal.log") is None and J.role_log_of("batch-node1.log") is None
     assert lay.logs_root() == "logs" and J.attempt_of("attempt-12") == 12 and J.attempt_of("attempt-0.bak") is None
+    assert J.announced_job_dirs("t launchgen: job 9 attempt 2: logs in /a b/x/logs/attempt-2\n"
+                                "logs in /runs/9/logs/attempt-3\n") == ["/runs/9"]
     assert J.pid_file("/p", "n1", 3) == Path("/p/n1/rank3.pid") and J.exit_file("/p", "n1", 3).name == "rank3.exit"
 
 
@@ -197,4 +202,5 @@ def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
     ends = {e.name: e.fields for e in events}
     assert ends[J.Ev.TRAINER_EXIT] == {"status": "0"} and ends[J.Ev.EXIT] == {"status": "0"}
     assert ends[J.Ev.START]["job"] == J.LOCAL_JOB_ID and J.Ev.COMPLETE in ends
+    assert J.announced_job_dirs(res.stdout + res.stderr) == [str(job.resolve())]
     assert Path(str(rec.complete_marker)).is_file()  # the stand-in trainer's marker (its fields: not ours)
