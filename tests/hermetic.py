@@ -1,7 +1,7 @@
 """Process-wide state a test may change, put back exactly after each test (the autouse fixture in conftest).
 
 The suite runs in random order (pytest-randomly); a test that leaves the environment, a signal handler, torch's
-default dtype or grad mode, or dynamo's config changed would make a later test's result depend on the order.
+default dtype or grad mode, dynamo's config or accelerate's singletons changed would make a later test's result depend on the order.
 Changed values are restored; a dynamo setting that a test *hid* (torch's config module answers `delattr`, e.g.
 from monkeypatch's undo, by hiding the setting, and every later compile then fails) also fails that test, since
 it is always a bug in the test.
@@ -40,6 +40,7 @@ def restored_process_state() -> Iterator[None]:
     dyn_before = dyn.get_config_copy() if dyn is not None else None
     torch = _torch()
     torch_before = (torch.get_default_dtype(), torch.is_grad_enabled()) if torch is not None else None
+    accelerate_fresh = not _accelerate_initialized()
     yield
     problems: list[str] = []
     if os.environ != env:
@@ -65,8 +66,17 @@ def restored_process_state() -> Iterator[None]:
     if torch is not None and torch_before is not None:
         torch.set_default_dtype(torch_before[0])
         torch.set_grad_enabled(torch_before[1])
+    if accelerate_fresh and _accelerate_initialized():
+        # accelerate keeps process-wide singletons; one left half-built (PartialState without AcceleratorState,
+        # e.g. by set_seed outside an Accelerator) breaks every later Accelerator() in the process
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(True)
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
+
+
+def _accelerate_initialized() -> bool:
+    state = sys.modules.get("accelerate.state")
+    return state is not None and bool(state.PartialState._shared_state or state.AcceleratorState._shared_state)
 
 
 def _readable(cfg: Any, name: str) -> bool:
