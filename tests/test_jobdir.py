@@ -204,3 +204,11 @@ def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
     assert ends[J.Ev.START]["job"] == J.LOCAL_JOB_ID and J.Ev.COMPLETE in ends
     assert J.announced_job_dirs(res.stdout + res.stderr) == [str(job.resolve())]
     assert Path(str(rec.complete_marker)).is_file()  # the stand-in trainer's marker (its fields: not ours)
+
+
+def test_the_contract_is_standard_library_only() -> None:
+    """Trainers, login-node verbs and the compute node's python3 all read it: it pulls in nothing else."""
+    code = ("import sys, launchgen.jobdir; "
+            "print(sorted(m for m in sys.modules if m.startswith('launchgen') or m in ('pydantic', 'yaml', 'jinja2')))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "['launchgen', 'launchgen.jobdir']"
