@@ -183,6 +183,18 @@ def test_the_trainers_marker_reads_back(tmp_path: Path) -> None:
     assert checkpoint.EXIT_PREEMPTED == J.EXIT_PREEMPTED == 75
 
 
+def test_the_script_looks_for_the_marker_where_the_trainer_writes_it() -> None:
+    """The trainer writes COMPLETE_MARKER into its output_dir (the layout's trainer_output_dir); the script's
+    requeue step tests the layout's complete_marker."""
+    for name in EXAMPLES:
+        plan = plan_for(name)
+        lay = plan.layout
+        assert lay.complete_marker == f"{lay.trainer_output_dir}/{J.COMPLETE_MARKER}"
+        script = render_script(plan, "sbatch")
+        assert f"LG_TRAINER_OUTPUT=$LG_JOB_DIR/{lay.trainer_output_dir}\n" in script
+        assert f"LG_COMPLETE_MARKER=$LG_JOB_DIR/{lay.complete_marker}\n" in script
+
+
 def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
     """The rendered --bash script with the lifecycle stand-ins: its events.log and run record, through the reader."""
     from test_render_lifecycle import _run, _spec, _write_script
