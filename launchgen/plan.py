@@ -72,6 +72,7 @@ from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, RunRecord
 from launchgen.jobdir import EXIT_SERVER_FAILED as EXIT_SERVER_FAILED
 from launchgen.jobdir import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
 from launchgen.jobdir import Layout as JobLayout
+from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
@@ -600,10 +601,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
     except ValidationError as exc:
         lines = loaded.lines if loaded is not None else {}
         file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"))
+        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
+        generic = _PYDANTIC_FIXES
         raise SpecError([Issue("LG901", i.path, i.message,
-                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig).",
-                               "error", i.line, i.file) for i in found]) from None
+                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
+                               if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
 
 
 def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,

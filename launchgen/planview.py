@@ -15,10 +15,11 @@ from rich.table import Table
 from launchgen.jobdir import ENV_PID_DIR
 from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
 from launchgen.tables import print_table, print_text
+from launchgen.visible import visible
 
 
 def _word(w: Word) -> str:
-    return str(w) if isinstance(w, Ref) else shlex.quote(w)
+    return str(w) if isinstance(w, Ref) else visible(shlex.quote(w))
 
 
 def command_line(argv: tuple[Word, ...]) -> str:
@@ -88,7 +89,8 @@ def endpoint_table(plan: Plan) -> Table:
 
 
 def _env_value(e: EnvVar) -> str:
-    return escape(shlex.quote(e.value)) if e.literal else f"{escape(e.value)}  [dim](run time)[/dim]"
+    value = visible(shlex.quote(e.value) if e.literal else e.value)
+    return escape(value) if e.literal else f"{escape(value)}  [dim](run time)[/dim]"
 
 
 def env_table(plan: Plan) -> Table:

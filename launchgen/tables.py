@@ -15,6 +15,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from launchgen.visible import visible
+
 
 def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
     return textwrap.wrap(text, width=max(width, 20), subsequent_indent=indent, break_long_words=False,
@@ -22,8 +24,9 @@ def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
 
 
 def print_text(console: Console, text: str, indent: str = "    ") -> None:
-    """One logical line, wrapped at word boundaries to the console's width."""
-    for line in wrap(text, console.width, indent):
+    """One logical line, wrapped at word boundaries to the console's width; control characters (from a spec
+    or a log) are shown as escapes, never sent to the terminal."""
+    for line in wrap(visible(text), console.width, indent):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

@@ -122,7 +122,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One directory per module (hypothesis runs many examples per test; pytest removes it with its basetemp)."""
     return tmp_path_factory.mktemp("prop")
 
-_CODE_LINE = re.compile(r" error LG\d{3} \[")
+_CODE_LINE = re.compile(r" error LG\d{3} ")  # `[field]` follows when the issue has one
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

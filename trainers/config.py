@@ -34,7 +34,8 @@ BUILTIN_ATTN = frozenset(
     {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
 )
 #: `org/repo[@revision][:function]`, the form transformers' hub-kernel loader accepts.
-HUB_KERNEL_RE = re.compile(r"^(?:[^/:|]+\|)?[^/:@]+/[^/:@]+(?:@[^/:@]+)?(?::[^/:@]+)?$")
+#: Anchored with \A...\Z and without blanks: `$` would accept a trailing newline even under re.match.
+HUB_KERNEL_RE = re.compile(r"\A(?:[^/:|\s]+\|)?[^/:@\s]+/[^/:@\s]+(?:@[^/:@\s]+)?(?::[^/:@\s]+)?\Z")
 
 
 class _Strict(BaseModel):

@@ -14,6 +14,7 @@ from rich.table import Table
 from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
 from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
 from launchgen.tables import print_table, print_text
+from launchgen.visible import visible
 
 #: exit status of `launchgen status` for a job that is over and did not complete (2 is bad usage)
 EXIT_JOB_FAILED = EXIT_STATUS_JOB_FAILED
@@ -71,8 +72,9 @@ def _tables(st: JobStatus) -> list[Table]:
         t.add_column(col)
     for r in st.roles:
         first = " (first)" if st.first_to_end == r.role else ""
-        t.add_row(r.role + first, ", ".join(r.nodes), r.state, escape(r.how),
-                  "" if r.exit_code is None else str(r.exit_code), _ts(r.ended_at), escape(_rel(r.log, st.job_dir)))
+        t.add_row(r.role + first, ", ".join(r.nodes), r.state, escape(visible(r.how)),
+                  "" if r.exit_code is None else str(r.exit_code), _ts(r.ended_at),
+                  escape(visible(_rel(r.log, st.job_dir))))
     tables = [t]
     if st.steps:
         s = Table(title="steps (sacct)")
@@ -103,7 +105,7 @@ def _print_rich(st: JobStatus) -> None:
     if st.failed_log:
         print_text(con, f"last {len(st.failed_log_tail)} lines of {st.failed_log}:")
         for line in st.failed_log_tail:
-            con.print(line, markup=False, highlight=False, soft_wrap=True)
+            con.print(visible(line), markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command("status")
