@@ -212,14 +212,6 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
         assert torch.equal(t, final[name])
 
 
-def test_complete_marker_name_matches_the_plan() -> None:
-    from launchgen.trainers.checkpoint import COMPLETE_MARKER as TRAINER_MARKER
-
-    from launchgen.plan import COMPLETE_MARKER
-
-    assert TRAINER_MARKER == COMPLETE_MARKER
-
-
 @pytest.mark.slow
 def test_sigterm_from_outside_checkpoints_and_exits_75(tmp_path: Path, tiny_model_dir: Path) -> None:
     """A real TERM from another process (what SLURM / the supervisor sends): checkpoint, exit 75, then resume."""
