@@ -5,7 +5,8 @@ The checks refuse them in the spec; the plan asserts they are absent before it a
 
 from __future__ import annotations
 
-RESERVED_ENV_PREFIXES = ("LAUNCHGEN_", "LG_")
+from launchgen.jobdir import RESERVED_ENV_PREFIXES  # the job-directory contract owns the LAUNCHGEN_* names
+
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP"})
 
 

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from recorders import install_recorders
+from tools import path_with_venv
 
 from launchgen.checks import run_checks
 from launchgen.issues import Issue, SpecError
@@ -169,27 +170,6 @@ def test_each_field_refuses_with_a_code_and_line_or_renders(payload: str) -> Non
             assert field not in accepted, (payload, field)
 
 
-RECORD_VLLM = """\
-import json, os, sys, time
-rec = os.environ["REC_DIR"]
-json.dump({"argv": sys.argv, "env": dict(os.environ)}, open(os.path.join(rec, "server.tmp"), "w"))
-os.replace(os.path.join(rec, "server.tmp"), os.path.join(rec, "server.json"))
-time.sleep(60)
-"""
-RECORD_ACCELERATE = """\
-import json, os, sys, time
-from launchgen.trainers.config import TrainerConfig
-rec = os.environ["REC_DIR"]
-args = sys.argv[1:]
-tail = args[args.index("-m") + 2:]
-config = tail[tail.index("--config") + 1]
-sets = [tail[i + 1] for i, a in enumerate(tail) if a == "--set"]
-cfg = TrainerConfig.from_yaml(config, sets).model_dump(mode="json")
-deadline = time.time() + 20
-while not os.path.exists(os.path.join(rec, "server.json")) and time.time() < deadline:
-    time.sleep(0.05)
-json.dump({"argv": args, "env": dict(os.environ), "config": cfg}, open(os.path.join(rec, "trainer.json"), "w"))
-"""
 #: fields whose value the recorded run shows, and where
 RUN_FIELDS = ("model.name_or_path", "model.revision", "vllm.executable", "vllm.extra_args.0", "slurm.env.all.=",
               "slurm.env.server.=", "slurm.env.trainer.=", "slurm.env.all.<key>", "job.output_dir",
@@ -224,12 +204,8 @@ def test_accepted_values_arrive_byte_exact_and_never_execute(payload: str) -> No
         (root / "job.sh").write_text(render_script(plan, "bash"))
         rec, bindir = root / "rec", root / "bin"
         rec.mkdir()
-        bindir.mkdir()
-        exe = value if "vllm.executable" in fields else "vllm"
-        for name, body in ((exe, RECORD_VLLM), ("accelerate", RECORD_ACCELERATE)):
-            (bindir / name).write_text(f"#!{sys.executable}\n{body}")
-            (bindir / name).chmod(0o755)
-        env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "REC_DIR": str(rec)}
+        install_recorders(bindir, value if "vllm.executable" in fields else "vllm")
+        env = {**os.environ, "PATH": path_with_venv(None, bindir), "REC_DIR": str(rec), "REC_WAIT_SERVER": "1"}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         res = subprocess.run(["bash", str(root / "job.sh")], cwd=root, env=env, capture_output=True, text=True,
                              timeout=90)

@@ -11,42 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from recorders import install_recorders
 from tools import path_with_venv
 
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
 from launchgen.render import render_script
-
-RECORD_VLLM = """\
-import json, os, sys, time
-rec = os.environ["REC_DIR"]
-json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, open(os.path.join(rec, "server.tmp"), "w"))
-os.replace(os.path.join(rec, "server.tmp"), os.path.join(rec, "server.json"))
-time.sleep(60)
-"""
-
-RECORD_ACCELERATE = """\
-import json, os, sys, time
-from launchgen.trainers.config import TrainerConfig
-rec = os.environ["REC_DIR"]
-args = sys.argv[1:]
-tail = args[args.index("-m") + 2:]
-config = tail[tail.index("--config") + 1]
-sets = [tail[i + 1] for i, a in enumerate(tail) if a == "--set"]
-cfg = TrainerConfig.from_yaml(config, sets).model_dump(mode="json")
-if os.environ.get("REC_WAIT_SERVER") == "1":
-    deadline = time.time() + 20
-    while not os.path.exists(os.path.join(rec, "server.json")) and time.time() < deadline:
-        time.sleep(0.05)
-json.dump({"argv": args, "env": dict(os.environ), "config": cfg}, open(os.path.join(rec, "trainer.json"), "w"))
-"""
 
 INJECTIONS = [
     "$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "', "$(touch {c})\n", "\n touch {c}\n",
@@ -62,11 +38,7 @@ PRINTABLE = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("C
 
 
 def _bin(dirpath: Path) -> None:
-    dirpath.mkdir()
-    for name, body in (("vllm", RECORD_VLLM), ("accelerate", RECORD_ACCELERATE)):
-        path = dirpath / name
-        path.write_text(f"#!{sys.executable}\n{body}")
-        path.chmod(0o755)
+    install_recorders(dirpath)
 
 
 def _argument(text: str) -> str:
@@ -130,12 +102,13 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         assert (job_dir / "spec.yaml").read_text() == plan.spec_yaml
         if with_server:
             server = json.loads((rec / "server.json").read_text())
+            argv = server["argv"][1:]  # [0] is the stand-in's own path
             expected = list(plan.server.commands[0].argv[1:])  # type: ignore[union-attr]
-            assert len(server["argv"]) == len(expected)
-            for got, want in zip(server["argv"], expected, strict=True):
+            assert len(argv) == len(expected)
+            for got, want in zip(argv, expected, strict=True):
                 if isinstance(want, str):
                     assert got == want
-            assert server["argv"][1] == name and server["argv"][-3:] == [nasty, inj, value]
+            assert argv[1] == name and argv[-3:] == [nasty, inj, value]
             assert server["env"]["QT_TEST_SERVER"] == inj + value and server["env"]["VLLM_SERVER_DEV_MODE"] == "1"
             assert cfg["generation"]["vllm_server"]["host"] == bind
 
