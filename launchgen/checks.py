@@ -360,6 +360,8 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
     if v is None or v.mode != "server" or (ctx.shared_node and v.gpus is None):
         return
     lay = ctx.layout
+    if len(set(lay.server_gpus)) != len(lay.server_gpus):
+        return  # a GPU listed twice (LG102's) makes the count wrong: one mistake, one message
     n = lay.server_world_size
     if n and not lay.tp_dp_matches_server:
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",

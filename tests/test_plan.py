@@ -268,6 +268,7 @@ def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tupl
     ({"vllm": "{mode: server}"}, ("LG104", "vllm.gpus")),
     ({"vllm": "{gpus: [0, 9], tensor_parallel_size: 2}"}, ("LG101", "vllm.gpus.1")),
     ({"vllm": "{gpus: [0, 0]}"}, ("LG102", "vllm.gpus.1")),
+    ({"vllm": "{gpus: [0, 1, 1, 2], tensor_parallel_size: 4}"}, ("LG102", "vllm.gpus.2")),
     ({"vllm": "{gpus: [0, 1], tensor_parallel_size: 2}", "train": "{gpus: [1, 2], args: {data: {path: d}}}"},
      ("LG103", "train.gpus")),
     ({"vllm": "{gpus: [0, 1, 2, 3], tensor_parallel_size: 4}", "slurm": "{gpus_per_node: 4}"}, ("LG105", "vllm.gpus")),
