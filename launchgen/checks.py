@@ -6,7 +6,8 @@ code users can grep for, the dotted path of the field to change, its YAML line a
 
 Code ranges: LG1xx GPUs/topology, LG2xx TP/DP/model, LG3xx trainer world/backend/batch, LG4xx ports, LG5xx mode
 rules, LG6xx kernels/precision, LG7xx versions and `check --live`, LG8xx security and SLURM misc. LG9xx are
-plan-resolution errors raised by `plan.py`. `docs/check-codes.md` lists every code; a test keeps the two in sync.
+plan-resolution errors raised by `plan.py`, except LG902-LG904 and LG908, rules that moved here from the plan
+with their codes (the plan now only asserts them). The layout every check reads is `launchgen.layout`'s. `docs/check-codes.md` lists every code; a test keeps the two in sync.
 
 Checks run in two stages. Spec checks see only the validated Spec (so they still run, and report everything at
 once, when the spec is too broken to plan). If none of them is an error the plan is built and the plan checks
