@@ -71,6 +71,7 @@ from pydantic import ValidationError
 from launchgen import __version__
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec, issues_from_validation
+from launchgen.rank import EXIT_PREEMPTED
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 
@@ -310,6 +311,7 @@ class Plan:
     health_request_timeout: int = HEALTH_REQUEST_TIMEOUT_S
     poll_interval: int = POLL_INTERVAL_S
     exit_server_failed: int = EXIT_SERVER_FAILED
+    exit_preempted: int = EXIT_PREEMPTED
     warnings: tuple[Issue, ...] = field(default_factory=tuple)
 
     def node(self, position: int) -> NodePlan:

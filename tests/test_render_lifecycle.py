@@ -183,6 +183,9 @@ def test_trainer_crash_tears_down_server_and_passes_exit_code(tmp_path: Path) ->
     assert res.returncode == 7, res.stderr
     assert not _alive(_server_pid(tmp_path))
     assert "trainer_exit status=7" in (tmp_path / "runs/local/logs/attempt-0/events.log").read_text()
+    # the job's last line says where the trainer's error is
+    last = res.stderr.strip().splitlines()[-1]
+    assert "ERROR" in last and str(tmp_path / "runs/local/logs/attempt-0/trainer-local.log") in last, res.stderr
 
 
 def test_server_death_mid_training_stops_trainer_nonzero(tmp_path: Path) -> None:

@@ -29,10 +29,12 @@ from typing import Any
 
 import torch
 
+# re-exported: launchgen.rank (standard library only, run on every rank) owns the value
+from launchgen.rank import EXIT_PREEMPTED as EXIT_PREEMPTED
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
-EXIT_PREEMPTED = 75
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
