@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from launchgen.trainers import checkpoint as ckpt
+from launchgen.trainers import resume
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.algorithms import online_dpo as dpo_alg
 from launchgen.trainers.algorithms import rloo as rloo_alg
@@ -238,6 +239,8 @@ class OnlineRLTrainer:
             )
         acc = self.accelerator
         self.validate_config(acc.num_processes)
+        # before any model is loaded: a checkpoint of another config is refused in seconds, not minutes
+        decision = resume.decide(cfg)
         if cfg.max_tokens_per_forward is not None and acc.distributed_type == DistributedType.DEEPSPEED:
             raise TrainerSetupError(
                 "max_tokens_per_forward is not supported under DeepSpeed: its engine counts every backward as a "
@@ -312,10 +315,12 @@ class OnlineRLTrainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "resolved_config.yaml").write_text(cfg.to_yaml())
         self.resumed_from: Path | None = None
-        if cfg.resume == "auto":
-            latest = ckpt.latest_checkpoint(self.out)
-            if latest is not None:
-                self._resume(latest)
+        if decision.checkpoint is not None:
+            if decision.note and acc.is_main_process:
+                print(decision.note, flush=True)
+            self._resume(decision.checkpoint)
+            if acc.is_main_process and self.global_step < cfg.max_steps:
+                resume.reopen(cfg)
         self._tb: Any = None
         if acc.is_main_process and "tensorboard" in cfg.report_to:
             try:
@@ -365,6 +370,7 @@ class OnlineRLTrainer:
             "micro_step": self.micro_step,
             "sampler": self.sampler.state_dict(),
             "trainer": self.cfg.trainer,
+            resume.STATE_KEY: resume.fingerprint(self.cfg),
         }
 
     def save(self) -> Path:
@@ -888,6 +894,7 @@ class OnlineRLTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 t_train += time.perf_counter() - ts
                 self.global_step += 1
+                self.signals.training()  # progress since the last checkpoint: TERM now checkpoints first
                 if sync_needed:
                     step_metrics["time/sync_weights"] = self._sync_weights()
                 step_metrics.update(self._reduce_step(stats))
@@ -959,6 +966,11 @@ def run(cfg: TrainerConfig, trainer_cls: type[OnlineRLTrainer] | None = None) ->
     """Entry used by `launchgen.trainers.grpo` / `rloo` / `online_dpo` (and `sft` with its own class);
     returns the process exit code."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    decision = resume.decide(cfg)
+    if decision.complete:
+        if os.environ.get("RANK", "0") == "0":
+            print(decision.note, flush=True)
+        return ckpt.EXIT_OK
     trainer = (trainer_cls or OnlineRLTrainer)(cfg)
     # Installed before the (long) model loading so an early USR2/TERM is not fatal; honoured before the first step.
     trainer.signals.install()
