@@ -359,7 +359,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_2B117C7BF38A54D7'
 }
 LAUNCHGEN_EOF_2B117C7BF38A54D7
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_BC770811F4D3E25D'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_01D4C49CD12BC9AF'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 8 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -391,10 +391,32 @@ lg_index_of() {
   return 1
 }
 
-# the node's cluster address, resolved on the node (not 0.0.0.0: dev-mode routes are unauthenticated)
+# A node's cluster address (not 0.0.0.0: dev-mode routes are unauthenticated), resolved here, skipping loopback:
+# /etc/hosts often maps a host's own name to 127.0.1.1 (the Debian/Ubuntu default), which other nodes cannot reach.
+# Loopback alone is kept only where it is right: no other node of the job resolves elsewhere (one node, or every
+# node on this host as in a one-machine test cluster).
 lg_node_addr() {
-  local addr
-  addr=$(getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }') || true
+  local -a answers nodes
+  local addr="" a n other
+  mapfile -t answers < <(getent ahostsv4 "$1" | awk '!seen[$1]++ { print $1 }')
+  for a in "${answers[@]}"; do
+    if [[ $a != 127.* ]]; then
+      addr=$a
+      break
+    fi
+  done
+  if [[ -z $addr && ${#answers[@]} -gt 0 ]]; then
+    read -r -a nodes <<<"${LG_NODE_LIST:-}"
+    for n in "${nodes[@]}"; do
+      [[ $n != "$1" ]] || continue
+      other=$(getent ahostsv4 "$n" | awk 'NR == 1 { print $1 }') || true
+      if [[ -n $other && $other != 127.* ]]; then
+        echo "launchgen: node $1 resolves only to loopback (${answers[0]}; getent ahostsv4, e.g. /etc/hosts mapping the host name to 127.0.1.1) while node $n is at $other: other nodes could not reach it. Set vllm.bind to an address of the server node, and map each node's name to its cluster address in /etc/hosts or DNS" >&2
+        return 1
+      fi
+    done
+    addr=${answers[0]}
+  fi
   if [[ -z $addr ]]; then
     echo "launchgen: cannot resolve node $1 to an IPv4 address (getent ahostsv4); set vllm.bind to an address" >&2
     return 1
@@ -462,7 +484,7 @@ for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
   fi
 done
 exit "$lg_rc"
-LAUNCHGEN_EOF_BC770811F4D3E25D
+LAUNCHGEN_EOF_01D4C49CD12BC9AF
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash

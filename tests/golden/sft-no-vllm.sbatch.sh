@@ -354,7 +354,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4C92D3512C9764CF'
 }
 LAUNCHGEN_EOF_4C92D3512C9764CF
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_F61F01C3217BE8E4'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_CA6D350C3F45F743'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 16 process(es) on 2 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -386,10 +386,32 @@ lg_index_of() {
   return 1
 }
 
-# the node's cluster address, resolved on the node (not 0.0.0.0: dev-mode routes are unauthenticated)
+# A node's cluster address (not 0.0.0.0: dev-mode routes are unauthenticated), resolved here, skipping loopback:
+# /etc/hosts often maps a host's own name to 127.0.1.1 (the Debian/Ubuntu default), which other nodes cannot reach.
+# Loopback alone is kept only where it is right: no other node of the job resolves elsewhere (one node, or every
+# node on this host as in a one-machine test cluster).
 lg_node_addr() {
-  local addr
-  addr=$(getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }') || true
+  local -a answers nodes
+  local addr="" a n other
+  mapfile -t answers < <(getent ahostsv4 "$1" | awk '!seen[$1]++ { print $1 }')
+  for a in "${answers[@]}"; do
+    if [[ $a != 127.* ]]; then
+      addr=$a
+      break
+    fi
+  done
+  if [[ -z $addr && ${#answers[@]} -gt 0 ]]; then
+    read -r -a nodes <<<"${LG_NODE_LIST:-}"
+    for n in "${nodes[@]}"; do
+      [[ $n != "$1" ]] || continue
+      other=$(getent ahostsv4 "$n" | awk 'NR == 1 { print $1 }') || true
+      if [[ -n $other && $other != 127.* ]]; then
+        echo "launchgen: node $1 resolves only to loopback (${answers[0]}; getent ahostsv4, e.g. /etc/hosts mapping the host name to 127.0.1.1) while node $n is at $other: other nodes could not reach it. Set vllm.bind to an address of the server node, and map each node's name to its cluster address in /etc/hosts or DNS" >&2
+        return 1
+      fi
+    done
+    addr=${answers[0]}
+  fi
   if [[ -z $addr ]]; then
     echo "launchgen: cannot resolve node $1 to an IPv4 address (getent ahostsv4); set vllm.bind to an address" >&2
     return 1
@@ -455,7 +477,7 @@ for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
   fi
 done
 exit "$lg_rc"
-LAUNCHGEN_EOF_F61F01C3217BE8E4
+LAUNCHGEN_EOF_CA6D350C3F45F743
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
