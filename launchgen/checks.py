@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from launchgen import compat
+from launchgen import compat, ports
 from launchgen.hfcache import ModelConfig, find_model_config
 from launchgen.issues import Issue, Severity, SpecError
 from launchgen.loader import LoadedSpec
+from launchgen.ports import EPHEMERAL_HIGH, EPHEMERAL_LOW, PORT_MAX, PORT_MIN
 from launchgen.spec import Spec
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, ONLINE_TRAINERS
 
@@ -34,12 +35,8 @@ if TYPE_CHECKING:
 
 # --- constants the checks share with docs and tests ---------------------------------------------------------
 
-PORT_MIN, PORT_MAX = 1024, 65535
-#: Linux default net.ipv4.ip_local_port_range: the kernel hands these out as source ports of outgoing
-#: connections, so a fixed listen port inside it can be taken by any process on the node.
-EPHEMERAL_LOW, EPHEMERAL_HIGH = 32768, 60999
-#: job.port_offset=job_id adds (SLURM_JOB_ID % 1000) * 10, i.e. up to this much.
-PORT_OFFSET_MAX = 999 * 10  # == plan.MAX_PORT_OFFSET (a test keeps them equal)
+# port ranges and the job-id shift: launchgen.ports owns them
+PORT_OFFSET_MAX = ports.MAX_OFFSET
 PORT_OFFSET_STEP = 10
 #: Seconds below which a /health wait is too short for any real model to load (TRL waits 240 s by default).
 MIN_HEALTH_TIMEOUT = 120
@@ -540,6 +537,20 @@ def ports_valid_and_distinct(ctx: Ctx) -> Iterator[Issue]:
                             f"on node {u.host_position}")
         else:
             seen[(u.host_position, u.base)] = u
+    if ctx.spec.job.port_offset == "job_id":
+        yield from _shifted_equal(ctx, uses)
+
+
+def _shifted_equal(ctx: Ctx, uses: tuple[Port, ...]) -> Iterator[Issue]:
+    """Two ports of a host that the job-id shift (with its wrap below the ephemeral range) can make equal."""
+    for i, a in enumerate(uses):
+        for b in uses[i + 1:]:
+            o = ports.same_job_clash(a.base, b.base) if a.host_position == b.host_position else None
+            if o is not None:
+                yield ctx.issue("LG402", b.spec_path,
+                                f"{_pname(b)} {b.base} and the {_pname(a)} {a.base} both become "
+                                f"{ports.shift(b.base, o)} at job-id offset {o} (a port shifted to "
+                                f"{EPHEMERAL_LOW} or above wraps down by {ports.WRAP})")
 
 
 @check("LG404", "LG405", "LG406")
@@ -552,22 +563,23 @@ def port_offset_safe(ctx: Ctx) -> Iterator[Issue]:
                             f"{', '.join(str(u.base) for u in uses)}")
         return
     for u in uses:
-        if u.base + PORT_OFFSET_MAX > PORT_MAX:
+        top = ports.shifted_range(u.base)[1]
+        if top > PORT_MAX:
             yield ctx.issue("LG404", u.spec_path,
                             f"{_pname(u)} {u.base} + the job-id offset (up to {PORT_OFFSET_MAX}) can reach "
-                            f"{u.base + PORT_OFFSET_MAX} > {PORT_MAX}")
+                            f"{top} > {PORT_MAX}")
     by_host: dict[int, list[Port]] = {}
     for u in uses:
         by_host.setdefault(u.host_position, []).append(u)
     for host_uses in by_host.values():
         for i, a in enumerate(host_uses):
             for b in host_uses[i + 1:]:
-                d = abs(a.base - b.base)
-                if d and d % PORT_OFFSET_STEP == 0 and d <= PORT_OFFSET_MAX:
+                clash = ports.cross_job_clash(a.base, b.base)
+                if clash is not None and ports.same_job_clash(a.base, b.base) is None:
+                    d = abs(clash[0] - clash[1]) // PORT_OFFSET_STEP
                     yield ctx.issue("LG405", b.spec_path,
-                                    f"{_pname(b)} {b.base} and {_pname(a)} {a.base} differ by {d}: when two "
-                                    f"jobs' ids differ by {d // PORT_OFFSET_STEP} (mod 1000) one's shifted "
-                                    "port lands on the other's")
+                                    f"{_pname(b)} {b.base} and {_pname(a)} {a.base}: when two jobs' ids differ "
+                                    f"by {d} (mod 1000) one's shifted port lands on the other's")
 
 
 # === LG5xx mode rules =====================================================================================

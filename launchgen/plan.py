@@ -68,7 +68,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from launchgen import __version__
+from launchgen import __version__, ports
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.rank import EXIT_PREEMPTED
@@ -78,8 +78,8 @@ from launchgen.trainers.config import TrainerConfig
 Role = Literal["server", "trainer"]
 Scheduler = Literal["sbatch", "bash"]
 
-#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time; checks keep base + this within range.
-MAX_PORT_OFFSET = 999 * 10
+#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
+MAX_PORT_OFFSET = ports.MAX_OFFSET
 #: Seconds between TERM and KILL when one side is stopped.
 STOP_GRACE_S = 30
 #: Timeout of one /health request of the supervisor.

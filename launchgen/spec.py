@@ -56,7 +56,8 @@ class JobSection(_Section):
     port_offset: Literal["none", "job_id"] = Field(
         default="none",
         description="`job_id`: add (SLURM_JOB_ID % 1000) * 10 to every port at run time, so two jobs "
-        "sharing a node do not collide. Checks verify the shifted ports stay valid.",
+        "sharing a node do not collide; a port below 32768 that this would carry into the ephemeral range "
+        "(32768-60999) wraps down by 10000 instead. Checks verify the shifted ports stay valid and distinct.",
     )
 
     @field_validator("name")

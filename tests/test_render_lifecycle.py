@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from launchgen import ports
 from launchgen.loader import load_spec_text
 from launchgen.plan import MAX_PORT_OFFSET, build_plan
 from launchgen.render import render_script
@@ -271,7 +272,7 @@ def test_port_offset_applies_under_bash(tmp_path: Path, offset: str) -> None:
     assert res.returncode == 0, res.stderr
     saved = json.loads((tmp_path / "runs/local/launchgen-plan.json").read_text())
     http = next(p for p in saved["ports"] if p["name"] == "server_http")
-    assert http["value"] == http["base"] + saved["port_offset_value"]
+    assert http["value"] == ports.shift(http["base"], saved["port_offset_value"])
     if offset == "none":
         assert saved["port_offset_value"] == 0
     else:  # the script's PID stands in for the job id under --bash

@@ -424,7 +424,7 @@ LG_TRAIN_NODES="${LG_NODES[0]}"
 LG_MAIN_PROCESS_IP=127.0.0.1
 export LG_NODE_LIST LG_TRAIN_NODES LG_MAIN_PROCESS_IP
 LG_PORT_OFFSET=0
-LG_MAIN_PROCESS_PORT=$((29500 + LG_PORT_OFFSET))
+LG_MAIN_PROCESS_PORT=$((29500 + LG_PORT_OFFSET >= 32768 ? 29500 + LG_PORT_OFFSET - 10000 : 29500 + LG_PORT_OFFSET))
 export LG_PORT_OFFSET LG_MAIN_PROCESS_PORT
 lg_log "nodes: ${LG_NODE_LIST}; ports: main_process=$LG_MAIN_PROCESS_PORT"
 # launchgen-plan.json: the plan with this attempt's node names, ports and log paths (for `launchgen status`)
