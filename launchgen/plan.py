@@ -698,7 +698,19 @@ def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
     return issues
 
 
-def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str, ...]:
+def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
+    """The most processes one node runs: its vLLM workers (one per server GPU) plus its trainer processes.
+
+    Requested as --cpus-per-task (one task per node) when nodes are shared and slurm.cpus_per_task is unset:
+    a shared job would otherwise hold one CPU per node for all of them.
+    """
+    counts = [(len(gpus.server_gpus) if p in gpus.server_positions else 0)
+              + (trainer_ppn if p in gpus.trainer_positions else 0)
+              for p in {*gpus.server_positions, *gpus.trainer_positions}]
+    return max([1, *counts])
+
+
+def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
     s = spec.slurm
     d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
     if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"):
@@ -709,6 +721,8 @@ def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str,
             d.append(f"--gpus-per-node={s.gpu_type}:{g}" if s.gpu_type else f"--gpus-per-node={g}")
     if s.cpus_per_task is not None:
         d.append(f"--cpus-per-task={s.cpus_per_task}")
+    elif not s.exclusive:
+        d.append(f"--cpus-per-task={plan_cpus}")
     if s.mem is not None:
         d.append(f"--mem={s.mem}")
     d.append(f"--time={s.time}")
@@ -776,10 +790,10 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     mode: Literal["server", "colocate", "none"] = "none" if v is None else v.mode
     trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
     num_nodes = max([*trainer_pos, *server_pos]) + 1
-    directives = _sbatch_directives(spec, num_nodes, batch_log)
 
     # ---- trainer processes
     ppn = 1 if t.device == "cpu" else len(gpus.trainer_gpus)
+    directives = _sbatch_directives(spec, num_nodes, batch_log, plan_cpus_per_node(gpus, ppn))
     num_machines = len(trainer_pos)
     num_processes = ppn * num_machines
 

@@ -95,7 +95,9 @@ class SlurmSection(_Section):
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
     gpu_type: str | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
-    cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
+    cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task. Unset with "
+                                        "`exclusive: false`: the most processes a node runs (its vLLM GPUs plus its "
+                                        "trainer processes), so a shared node holds a CPU for each.")
     mem: str | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
     extra_directives: list[str] = Field(
