@@ -19,6 +19,8 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
     - LG908 ``train.device: cpu`` with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.
     - LG910 ``job.output_dir`` containing a line break or another control character.
+    - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
+      backtick, ``~user``, ``%`` other than %j %x %A %u %%).
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
 
@@ -68,7 +70,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from launchgen import __version__, ports
+from launchgen import __version__, outdir, ports
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.rank import EXIT_PREEMPTED
@@ -695,7 +697,21 @@ def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
         issues.append(_err("LG910", "job.output_dir", "the job directory is empty or contains a line break or "
                            "another control character", "Use a plain path (the trainer receives it verbatim).",
                            loaded))
+    else:
+        issues.extend(_output_dir_syntax(spec.job.output_dir, loaded))
     return issues
+
+
+def _output_dir_syntax(path: str, loaded: LoadedSpec | None) -> list[Issue]:
+    """LG911: shell syntax the run-time expansion does not do (it never evaluates anything)."""
+    bad = outdir.problems(path)
+    if not bad:
+        return []
+    return [_err("LG911", "job.output_dir", f"{path!r} uses what the job script does not expand: "
+                 + "; ".join(bad),
+                 "Write a path with only a leading ~, $NAME or ${NAME} (expanded on the node at run time; an unset "
+                 "variable stops the job), %j (job id), %x (job name), %A (array job id), %u (user), %% (a %).",
+                 loaded)]
 
 
 def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:

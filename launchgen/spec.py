@@ -50,8 +50,10 @@ class JobSection(_Section):
     output_dir: str = Field(
         default="launchgen-runs/%j",
         description="Where logs, the resolved spec and script, trainer configs and checkpoints go. "
-        "`%j` is replaced at run time by the SLURM job id (by `local` under --bash). Relative paths are "
-        "relative to the submit directory.",
+        "Expanded at run time on the node, and only so: a leading `~` is $HOME, `$NAME`/`${NAME}` an "
+        "environment variable (unset: the job stops), `%j` the job id (`local` under --bash), `%x` the job "
+        "name, `%A` the array job id, `%u` the user, `%%` a `%`. Relative paths are relative to the submit "
+        "directory.",
     )
     port_offset: Literal["none", "job_id"] = Field(
         default="none",

@@ -299,3 +299,43 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert res.returncode == 0, res.stderr + (log.read_text()[-3000:] if log.exists() else "")
     assert (job / "trainer" / "launchgen-complete.json").is_file()
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
+
+
+def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
+    """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""
+    home, scratch = tmp_path / "home", tmp_path / "scratch"
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '$SCRATCH/runs/%x-%j'")
+    script = _write_script(tmp_path, text)
+    res = _run(tmp_path, script, HOME=str(home), SCRATCH=str(scratch))
+    assert res.returncode == 0, res.stderr
+    assert (scratch / "runs" / "life-local" / "trainer" / "launchgen-complete.json").is_file()
+    assert not list(tmp_path.glob("$*")), "a literal $SCRATCH folder was made"
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '~/runs/%j'")
+    script = _write_script(tmp_path, text)
+    res = _run(tmp_path, script, HOME=str(home))
+    assert res.returncode == 0, res.stderr
+    assert (home / "runs" / "local" / "trainer" / "launchgen-complete.json").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_output_dir_with_an_unset_variable_stops_the_job_naming_it(tmp_path: Path) -> None:
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '${SCRATCH}/runs/%j'")
+    script = _write_script(tmp_path, text)
+    env_without = {k: v for k, v in os.environ.items() if k != "SCRATCH"}
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env_without, "PATH": _env()["PATH"]},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "job.output_dir" in res.stderr and "$SCRATCH" in res.stderr and "not set" in res.stderr, res.stderr
+    assert not list(tmp_path.glob("$*")) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("bad", ["runs/$(whoami)", "runs/${SCRATCH:-/tmp}", "runs/`id`", "~bob/runs", "runs/%a",
+                                 "runs/100%"])
+def test_output_dir_syntax_the_script_does_not_expand_is_refused(bad: str) -> None:
+    from launchgen.issues import SpecError
+
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", f"output_dir: {json.dumps(bad)}")
+    with pytest.raises(SpecError) as exc:
+        build_plan(load_spec_text(text, "life.yaml"))
+    [issue] = exc.value.issues
+    assert (issue.code, issue.path, issue.line) == ("LG911", "job.output_dir", 4), issue

@@ -34,8 +34,38 @@ lg_yaml_str() { local s=${1//\'/\'\'}; printf "'%s'" "$s"; }
 # ---- job directory, attempt, logs
 LG_JOB_ID=${SLURM_JOB_ID:?launchgen: not inside a SLURM job; submit with sbatch or render with --bash}
 LG_OUTPUT_DIR=launchgen-runs/%j
-lg_pct='%j'
-LG_JOB_DIR=${LG_OUTPUT_DIR//"$lg_pct"/$LG_JOB_ID}
+LG_JOB_NAME=${SLURM_JOB_NAME:-cpu-quickstart}
+LG_ARRAY_JOB_ID=${SLURM_ARRAY_JOB_ID:-$LG_JOB_ID}
+# job.output_dir is expanded here, on the node, and only this way (no eval, no globbing, no command substitution):
+# a leading ~ is $HOME, $NAME / ${NAME} an environment variable (unset: an error), %j the job id, %x the job name,
+# %A the array's job id (the job id outside arrays), %u the user, %% a %
+lg_expand_pct() {
+  local s=$1 pct='%' mark=$'\x01'
+  s=${s//"$pct$pct"/$mark}
+  s=${s//"${pct}j"/$LG_JOB_ID}
+  s=${s//"${pct}x"/$LG_JOB_NAME}
+  s=${s//"${pct}A"/$LG_ARRAY_JOB_ID}
+  s=${s//"${pct}u"/${USER:-$(id -un)}}
+  printf '%s' "${s//$mark/$pct}"
+}
+lg_expand_dir() {
+  local rest=$1 out="" name tilde='~'
+  if [[ $rest == "$tilde" || $rest == "$tilde/"* ]]; then
+    out=$HOME
+    rest=${rest:1}
+  fi
+  while [[ $rest =~ ^([^\$]*)\$(\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$ ]]; do
+    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
+    if [[ ! -v $name ]]; then
+      lg_log "ERROR: job.output_dir ($1) uses \$$name, which is not set here (${SLURMD_NODENAME:-$HOSTNAME})"
+      return 1
+    fi
+    out+=$(lg_expand_pct "${BASH_REMATCH[1]}")${!name}
+    rest=${BASH_REMATCH[5]}
+  done
+  printf '%s\n' "$out$(lg_expand_pct "$rest")"
+}
+LG_JOB_DIR=$(lg_expand_dir "$LG_OUTPUT_DIR")
 mkdir -p -- "$LG_JOB_DIR"
 LG_JOB_DIR=$(cd -- "$LG_JOB_DIR" && pwd -P)
 # each attempt (requeue, or a re-run under --bash) gets fresh log and pid directories
