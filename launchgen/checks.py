@@ -292,12 +292,19 @@ def trainer_has_gpus(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG106")
 def idle_gpus(ctx: Ctx) -> Iterator[Issue]:
-    n = ctx.spec.slurm.gpus_per_node
-    used = set(ctx.trainer_gpus) | (set(ctx.server_gpus) if ctx.shared_node else set())
-    idle = [g for g in range(n) if g not in used]
-    if idle and ctx.trainer_gpus and not ctx.cpu:
-        yield ctx.issue("LG106", "train.gpus" if ctx.spec.train.gpus is not None else "slurm.gpus_per_node",
-                        f"GPU(s) {', '.join(map(str, idle))} of each trainer node are used by no role")
+    if not ctx.trainer_gpus or ctx.cpu:
+        return
+    n, trainer = ctx.spec.slurm.gpus_per_node, set(ctx.trainer_gpus)
+    path = "train.gpus" if ctx.spec.train.gpus is not None else "slurm.gpus_per_node"
+    # a server sharing node 0 uses its GPUs there only: on the other trainer nodes they are idle
+    server = set(ctx.server_gpus) if ctx.shared_node else set()
+    groups = [("each trainer node", trainer | server)] if ctx.spec.train.nodes == 1 or not server else [
+        ("trainer node 0 (with the server)", trainer | server),
+        ("trainer node 1" if ctx.spec.train.nodes == 2 else f"trainer nodes 1-{ctx.spec.train.nodes - 1}", trainer)]
+    for where, used in groups:
+        idle = [g for g in range(n) if g not in used]
+        if idle:
+            yield ctx.issue("LG106", path, f"GPU(s) {', '.join(map(str, idle))} of {where} are used by no role")
 
 
 # === LG2xx tensor/data parallelism and the model =========================================================
@@ -1135,3 +1142,7 @@ def codes_markdown() -> str:
             d = CODES[code]
             out.append(f"| `{code}` | {d.severity} | {d.title.replace('|', '/')} | {d.fix.replace('|', '/')} |")
     return "\n".join(out) + "\n"
+
+
+# checks kept in their own modules register themselves on import (they use `check` and `_doc` from here)
+from launchgen import static_checks as _static_checks  # noqa: E402,F401
