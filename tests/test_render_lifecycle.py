@@ -339,3 +339,22 @@ def test_output_dir_syntax_the_script_does_not_expand_is_refused(bad: str) -> No
         build_plan(load_spec_text(text, "life.yaml"))
     [issue] = exc.value.issues
     assert (issue.code, issue.path, issue.line) == ("LG911", "job.output_dir", 4), issue
+
+
+def test_a_crashed_rank_outweighs_another_ranks_clean_stop(tmp_path: Path) -> None:
+    """The trainer step exits with the trainers' own statuses (their exit files): rank 0 stopped cleanly (75),
+    rank 1 crashed (3), accelerate launch said 1: the job says 3, and its last line names the trainer's log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "accelerate").write_text(
+        "#!/bin/bash\nd=$LAUNCHGEN_PID_DIR/local\nmkdir -p \"$d\"\n"
+        "echo 75 >\"$d/rank0.exit\"\necho 3 >\"$d/rank1.exit\"\nexit 1\n")
+    (bin_dir / "accelerate").chmod(0o755)
+    script = _write_script(tmp_path, _spec(max_steps=1))
+    env = _env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    trainer_log = tmp_path / "runs/local/logs/attempt-0/trainer-local.log"
+    assert "the trainer (rank1.exit) exited 3" in trainer_log.read_text()
+    assert str(trainer_log) in res.stderr.strip().splitlines()[-1]

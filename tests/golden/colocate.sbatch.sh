@@ -389,7 +389,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_2B117C7BF38A54D7'
 }
 LAUNCHGEN_EOF_2B117C7BF38A54D7
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_01D4C49CD12BC9AF'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_A2D8540020E08DE5'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 8 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -503,18 +503,24 @@ trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 8 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.rloo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank).
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# crash of one rank outweighs another's clean stop.
+lg_own=0
+lg_from=""
 for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
   [[ -f $lg_f ]] || continue
   read -r lg_code <"$lg_f" || continue
-  if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)); then
-    lg_log "accelerate launch exited $lg_rc; the trainer (${lg_f##*/}) exited $lg_code"
-    lg_rc=$lg_code
-    break
+  if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)) && ((lg_own == 0 || lg_own == 75)); then
+    lg_own=$lg_code
+    lg_from=${lg_f##*/}
   fi
 done
+if ((lg_own != 0)); then
+  lg_log "accelerate launch exited $lg_rc; the trainer ($lg_from) exited $lg_own"
+  lg_rc=$lg_own
+fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_01D4C49CD12BC9AF
+LAUNCHGEN_EOF_A2D8540020E08DE5
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
