@@ -259,7 +259,8 @@ class TrainerConfig(_Strict):
         default="auto",
         description="auto: resume from the newest checkpoint in output_dir when it was trained with this config "
         "(except max_steps, save/log settings and the server address: launchgen.trainers.resume.MAY_CHANGE), refuse "
-        "otherwise; force: resume even if the config differs; never: start fresh.",
+        "otherwise; force: resume even if the config differs; never: start fresh (refused where output_dir holds "
+        "checkpoints, which a fresh run would overwrite).",
     )
 
     @model_validator(mode="after")

@@ -3,7 +3,8 @@
 Every checkpoint records the resolved config it was trained with (`trainer_state.json`, key `config`), less the
 fields in `MAY_CHANGE`. A run resumes only when its own config matches the newest checkpoint's; otherwise it
 refuses (a `TrainerSetupError`, exit 2, before any model is loaded) and names the fields that differ, how to start
-fresh and how to force it (`resume: force`). A run whose output_dir already holds the complete marker of a
+fresh and how to force it (`resume: force`). `resume: never` into a directory that holds checkpoints is refused
+too: the fresh run would overwrite and prune them. A run whose output_dir already holds the complete marker of a
 training at least `max_steps` long, with a matching config, says so and does nothing: re-running a finished job
 must not retrain it or rewrite `final/`.
 """
@@ -93,7 +94,13 @@ def _mismatch_error(cfg: TrainerConfig, path: Path, diffs: list[tuple[str, Any, 
 def decide(cfg: TrainerConfig) -> ResumeDecision:
     """What this run does with its output_dir: start fresh, resume from a checkpoint, or nothing (complete)."""
     out = Path(cfg.output_dir)
-    found = [] if cfg.resume == "never" else ckpt.list_checkpoints(out)
+    found = ckpt.list_checkpoints(out)
+    if found and cfg.resume == "never":
+        # a fresh run would overwrite (and prune, save_total_limit) the checkpoints that are there
+        raise TrainerSetupError(
+            f"resume: never, but {found[-1][1]} exists: a fresh run here would overwrite and prune the "
+            f"checkpoints in {out}. Use a new output directory (job.output_dir) or move them away; to continue "
+            "them, set resume: auto")
     if not found:
         return ResumeDecision(None)
     step, path = found[-1]

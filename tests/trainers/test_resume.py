@@ -162,3 +162,13 @@ def test_term_before_the_first_step_ends_the_trainer_at_once(tmp_path: Path, tin
     assert proc.returncode == 75, err[-3000:]
     assert took < 10, f"took {took:.1f}s to stop"
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_resume_never_into_a_directory_with_checkpoints_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cfg = _cfg(tmp_path, tiny_model_dir)
+    out = Path(cfg["output_dir"])
+    assert run_cfg(cfg) == 0
+    before = _snapshot(out)
+    with pytest.raises(TrainerSetupError, match=r"resume: never, but .*checkpoint-2 exists.*new output directory"):
+        run_cfg({**cfg, "resume": "never"})
+    assert _snapshot(out) == before
