@@ -919,16 +919,19 @@ lg_signal_trainers() {
 }
 # A step is signalled through SLURM (scancel --signal JOB.STEP reaches every process of the step on every node),
 # never through its srun: srun answers TERM by SIGKILLing the step, which would leave no grace. Each step records
-# its id on start; before that, srun is signalled (nothing has started that a grace could save).
+# its id on start; before that, srun is signalled (nothing has started that a grace could save). scancel's status
+# is no guide (22.05 reports "Invalid job id" for a step on another node and signals it all the same): what
+# did not stop within the grace gets KILL both ways.
 lg_step_signal() {
   local sig=$1 pid=$2 role=$3 step=""
   if [[ -f $LAUNCHGEN_PID_DIR/$role.step ]]; then
     read -r step <"$LAUNCHGEN_PID_DIR/$role.step" || true
   fi
-  if [[ $step =~ ^[0-9]+$ ]] && scancel --signal="$sig" "$SLURM_JOB_ID.$step" 2>/dev/null; then
-    return 0
+  if [[ $step =~ ^[0-9]+$ ]]; then
+    scancel --signal="$sig" "$SLURM_JOB_ID.$step" >>"$LG_LOG_DIR/signal.log" 2>&1 || true
+  else
+    kill -s "$sig" -- "$pid" 2>/dev/null || true
   fi
-  kill -s "$sig" -- "$pid" 2>/dev/null || true
 }
 lg_kill() {
   lg_step_signal KILL "$1" "$2"

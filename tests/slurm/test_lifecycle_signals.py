@@ -38,8 +38,9 @@ def jobs() -> Any:
             cancel(j.id)
 
 
-def _term_trapping_spec(cluster: Cluster, work: Path, model: Path, prompts: Path) -> dict[str, Any]:
-    spec = spec_for(cluster, work, model, prompts, "lg-term-grace", port=19000, max_steps=100000, fake_trainer=True,
+def _term_trapping_spec(cluster: Cluster, work: Path, model: Path, prompts: Path, layout: str) -> dict[str, Any]:
+    spec = spec_for(cluster, work, model, prompts, "lg-term-grace", port=19000 if layout == "single" else 19050,
+                    max_steps=100000, fake_trainer=True, layout=layout,
                     server_env={"FAKE_VLLM_TERM_DELAY_S": str(SHUTDOWN_S)},
                     trainer_env={"FAKE_TRAINER_TERM_DELAY_S": str(SHUTDOWN_S), "FAKE_TRAINER_STEP_S": "0.2"})
     # the TERM-trapping fast `vllm` first on PATH (spec_for puts the protocol stand-in there); only it, not the
@@ -58,9 +59,12 @@ def _stamp(text: str, what: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+@pytest.mark.parametrize("layout", ["single", "multi"])
 def test_term_reaches_server_and_trainer_with_a_grace_before_kill(cluster: Cluster, work: Path, jobs: list[Job],
-                                                                 shared_tiny_model: Path, prompts_file: Path) -> None:
-    j = run_job(cluster, _term_trapping_spec(cluster, work, shared_tiny_model, prompts_file), work)
+                                                                 shared_tiny_model: Path, prompts_file: Path,
+                                                                 layout: str) -> None:
+    """single: server and trainer on one node; multi: 2 trainer nodes (one process each) + a server node."""
+    j = run_job(cluster, _term_trapping_spec(cluster, work, shared_tiny_model, prompts_file, layout), work)
     jobs.append(j)
     events = j.job_dir / "logs" / "attempt-0" / "events.log"
     wait_for(f"job {j.id} to train with a healthy server",
@@ -70,22 +74,26 @@ def test_term_reaches_server_and_trainer_with_a_grace_before_kill(cluster: Clust
     sh(["scancel", "--batch", "--signal=TERM", j.id])
     j.wait(90)
 
-    logs = {Path(n).name.split("-")[0]: p.read_text(errors="replace") for n, p in j.logs().items()
-            if n.startswith("attempt-0/") and ("server-" in n or "trainer-" in n)}
-    trainer, server = logs.get("trainer", ""), logs.get("server", "")
-    batch = j.batch_log()
-    # TERM arrived in both processes (not a SIGKILL through srun) ...
-    t_term, s_term = _stamp(trainer, "TERM received"), _stamp(server, "TERM received")
-    assert t_term is not None, "the trainer never received TERM\n" + j.describe()
+    logs = j.logs()
+    trainers = [p.read_text(errors="replace") for n, p in logs.items() if n.startswith("attempt-0/trainer-")]
+    servers = [p.read_text(errors="replace") for n, p in logs.items() if n.startswith("attempt-0/server-")]
+    assert len(trainers) == (1 if layout == "single" else 2) and len(servers) == 1, logs
+    server, batch = servers[0], j.batch_log()
+    # TERM arrived in every process (not a SIGKILL through srun) ...
+    t_terms = [_stamp(t, "TERM received") for t in trainers]
+    s_term = _stamp(server, "TERM received")
+    assert None not in t_terms, "a trainer never received TERM\n" + j.describe()
     assert s_term is not None, "the server never received TERM\n" + j.describe()
-    # ... the trainer used its grace to checkpoint and stopped by itself (75), then the server shut down cleanly
-    assert "checkpoint-" in trainer and "exiting 75" in trainer, j.describe()
+    t_term = max(x for x in t_terms if x is not None)
+    # ... the trainers used the grace to checkpoint and stopped by themselves (75), then the server shut down
+    for trainer in trainers:
+        assert "checkpoint-" in trainer and "exiting 75" in trainer, j.describe()
     assert list((j.job_dir / "trainer").glob("checkpoint-*")), j.describe()
     s_done = _stamp(server, "shut down after TERM")
     assert s_done is not None and s_done - s_term >= SHUTDOWN_S - 0.5, j.describe()
     assert s_term >= t_term + SHUTDOWN_S - 0.5, "the server was stopped before the trainer had finished\n" + j.describe()
     # no KILL was needed and SLURM did not force anything
     assert "did not stop within" not in batch, batch
-    for text in (trainer, server, batch):
+    for text in (*trainers, server, batch):
         assert "forcing job termination" not in text and "task 0: Killed" not in text, j.describe()
     assert_no_survivors(cluster, j)
