@@ -72,6 +72,7 @@ from pydantic import ValidationError
 
 from launchgen import __version__, outdir, ports
 from launchgen.issues import Issue, SpecError
+from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.rank import EXIT_PREEMPTED
 from launchgen.spec import Spec
@@ -633,10 +634,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
     except ValidationError as exc:
         lines = loaded.lines if loaded is not None else {}
         file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"))
+        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
+        generic = _PYDANTIC_FIXES
         raise SpecError([Issue("LG901", i.path, i.message,
-                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig).",
-                               "error", i.line, i.file) for i in found]) from None
+                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
+                               if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
 
 
 def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,

@@ -36,8 +36,14 @@ from pathlib import Path
 from typing import Any
 
 PLAN_FILE = "launchgen-plan.json"
+#: written with the job's files before slurm.setup runs, so it is there even when the job dies in its first lines
+STATIC_PLAN_FILE = "launchgen-plan.static.json"
+#: the job id `render --bash` runs use (`%j` -> `local`)
+LOCAL_JOB_ID = "local"
 EVENTS_FILE = "events.jsonl"
 ROLES = ("server", "trainer")
+#: `launchgen logs --role batch`: the batch script's own output
+BATCH_ROLE = "batch"
 _LOG_RE = re.compile(r"^(?P<role>server|trainer)-(?P<node>.+)\.log$")
 _ATTEMPT_RE = re.compile(r"^attempt-(?P<n>\d+)$")
 # `Key=value` pairs of `scontrol -o`; values may contain spaces (Command=, WorkDir=), so a pair ends only
@@ -461,6 +467,10 @@ def _candidate_dirs(job_id: str, info: SchedulerInfo | None) -> Iterable[Path]:
     return out
 
 
+def _is_job_dir(p: Path) -> bool:
+    return any((p / f).is_file() for f in (PLAN_FILE, STATIC_PLAN_FILE, EVENTS_FILE)) or (p / "logs").is_dir()
+
+
 def locate_job_dir(job_id: str, info: SchedulerInfo | None, explicit: str | Path | None) -> Path | None:
     if explicit is not None:
         p = Path(explicit)
@@ -468,7 +478,7 @@ def locate_job_dir(job_id: str, info: SchedulerInfo | None, explicit: str | Path
             raise StatusError(f"--job-dir {p}: no such directory")
         return p
     for cand in _candidate_dirs(job_id, info):
-        if (cand / PLAN_FILE).is_file() or (cand / EVENTS_FILE).is_file() or (cand / "logs").is_dir():
+        if _is_job_dir(cand):
             return cand
     return None
 
@@ -514,6 +524,9 @@ class JobStatus:
     events_file: str | None
     plan_file: str | None
     notes: list[str] = field(default_factory=list)
+    batch_log: str | None = None  # the batch script's own output (sbatch --output)
+    failed: bool = False  # the job is over and did not complete: `launchgen status` exits 3
+    over: bool = False  # nothing more will be written (finished, or unknown to the scheduler): `logs --follow` stops
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -578,6 +591,65 @@ def _how(ev: Event) -> tuple[str, str]:
 _END_EVENTS = ("step_exit", "server_died", "health_timeout")
 
 
+@dataclass
+class _JobDirContents:
+    plan: dict[str, Any] | None = None
+    plan_file: str | None = None
+    events: list[Event] = field(default_factory=list)
+    events_file: str | None = None
+    logs: list[RoleLog] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _attempt_of(d: Path) -> int | None:
+    """N of `logs/attempt-N`; None for anything else there (`attempt-0.bak`, a copy someone made)."""
+    m = _ATTEMPT_RE.match(d.name)
+    return int(m["n"]) if m else None
+
+
+def _read_plan(job_dir: Path, out: _JobDirContents, finished: bool | None) -> None:
+    for name in (PLAN_FILE, STATIC_PLAN_FILE):
+        pf = job_dir / name
+        if not pf.is_file():
+            continue
+        out.plan_file = str(pf)
+        try:
+            loaded = json.loads(pf.read_text())
+            out.plan = loaded if isinstance(loaded, dict) else None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            out.notes.append(f"{pf}: not valid JSON ({exc})")
+        break
+    if out.plan_file == str(job_dir / PLAN_FILE):
+        return
+    if out.plan_file is not None and finished:
+        out.notes.append(f"the job ended before it wrote {PLAN_FILE} (in its first lines: the job directory, "
+                         "slurm.setup); the batch log says why")
+    elif out.plan_file is not None:
+        out.notes.append(f"no {PLAN_FILE} in {job_dir} yet: the job is starting (or stopped in its first lines)")
+    else:
+        out.notes.append(f"no {PLAN_FILE} in {job_dir} (the job has not started yet, or was not rendered by "
+                         "launchgen)")
+
+
+def _read_job_dir(job_dir: Path | None, finished: bool | None) -> _JobDirContents:
+    out = _JobDirContents()
+    if job_dir is None:
+        return out
+    _read_plan(job_dir, out, finished)
+    ef = job_dir / EVENTS_FILE
+    if ef.is_file():
+        out.events_file = str(ef)
+        out.events = parse_events(ef.read_text(errors="replace"))
+    texts = [(n, tf) for tf in job_dir.glob("logs/attempt-*/events.log") if (n := _attempt_of(tf.parent)) is not None]
+    for n, tf in sorted(texts, key=lambda x: x[0]):
+        out.events_file = out.events_file or str(tf.parent.parent / "attempt-*" / "events.log")
+        out.events.extend(parse_events_text(tf.read_text(errors="replace"), n))
+    if out.events_file is None:
+        out.notes.append(f"no events log in {job_dir}: role outcomes are inferred from logs and the scheduler")
+    out.logs = find_logs(job_dir)
+    return out
+
+
 def analyse(
     job_id: str,
     info: SchedulerInfo | None,
@@ -586,32 +658,9 @@ def analyse(
     job_dir: Path | None,
     lines: int = 20,
 ) -> JobStatus:
-    notes: list[str] = []
-    plan: dict[str, Any] | None = None
-    events: list[Event] = []
-    logs: list[RoleLog] = []
-    plan_file = events_file = None
-    if job_dir is not None:
-        pf = job_dir / PLAN_FILE
-        if pf.is_file():
-            plan_file = str(pf)
-            try:
-                loaded = json.loads(pf.read_text())
-                plan = loaded if isinstance(loaded, dict) else None
-            except json.JSONDecodeError as exc:
-                notes.append(f"{pf}: not valid JSON ({exc})")
-        else:
-            notes.append(f"no {PLAN_FILE} in {job_dir} (the job has not started yet, or was not rendered by launchgen)")
-        ef = job_dir / EVENTS_FILE
-        if ef.is_file():
-            events_file = str(ef)
-            events = parse_events(ef.read_text(errors="replace"))
-        for tf in sorted(job_dir.glob("logs/attempt-*/events.log"), key=lambda p: int(p.parent.name.split("-")[1])):
-            events_file = events_file or str(tf.parent.parent / "attempt-*" / "events.log")
-            events.extend(parse_events_text(tf.read_text(errors="replace"), int(tf.parent.name.split("-")[1])))
-        if events_file is None:
-            notes.append(f"no events log in {job_dir}: role outcomes are inferred from logs and the scheduler")
-        logs = find_logs(job_dir)
+    jd = _read_job_dir(job_dir, finished=bool(info.finished) if info is not None else None)
+    plan, events, logs, notes = jd.plan, jd.events, jd.logs, jd.notes
+    plan_file, events_file = jd.plan_file, jd.events_file
 
     attempts = sorted({lg.attempt for lg in logs} | {e.attempt for e in events if e.attempt is not None})
     attempt = attempts[-1] if attempts else None
@@ -625,8 +674,9 @@ def analyse(
 
     plan_nodes = _plan_nodes(plan)
     roles: list[RoleOutcome] = []
-    finished = info.finished if info is not None else None
-    for role in ROLES:
+    job_end = next((e for e in cur_events if e.event == "job_end"), None)
+    finished = info.finished if info is not None else _local_finished(job_id, job_end)
+    for role in _job_roles(plan, logs, events, steps):
         nodes = sorted({lg.node for lg in cur_logs if lg.role == role}) or plan_nodes[role]
         role_logs = [lg for lg in cur_logs if lg.role == role]
         log_path = role_logs[0].path if role_logs else None
@@ -655,8 +705,10 @@ def analyse(
                                      _SIGNAL_NAMES.get(s.exit_signal or 0) if s.exit_signal else None, end, log_path))
             continue
         if not started:
-            roles.append(RoleOutcome(role, nodes, "not_started" if finished is not False else "pending",
-                                     "no log and no start event for this attempt", log=log_path))
+            how = ("never started: the batch script ended before this step" if finished
+                   else "no log and no start event for this attempt")
+            roles.append(RoleOutcome(role, nodes, "not_started" if finished is not False else "pending", how,
+                                     log=log_path))
         elif finished:
             # The job is over but nothing recorded how this role ended: the log's last write is the best clue.
             last = max((lg.mtime for lg in role_logs), default=None)
@@ -671,7 +723,6 @@ def analyse(
     attempt_over = any(e.event == "job_end" for e in cur_events) or bool(finished)
     explicit = [r for r in roles if r.state not in ("running", "unknown", "not_started", "pending")]
     signals = [e for e in cur_events if e.event == "signal" and e.signal in ("TERM", "INT", "KILL")]
-    job_end = next((e for e in cur_events if e.event == "job_end"), None)
     for i, r in enumerate(roles):
         if r.state not in ("running", "unknown") or not attempt_over:
             continue
@@ -696,17 +747,9 @@ def analyse(
             ok = e.event == "health_ok" or (e.event == "health_check" and bool(e.raw.get("ok")))
             health = HealthCheck(ok=ok, at=e.ts, message=e.message or e.event)
 
-    # which log explains the failure: the first role that ended badly, else the trainer's when the job failed
-    failed_role = None
-    for r in sorted(roles, key=lambda r: r.ended_at if r.ended_at is not None else float("inf")):
-        if r.state in ("failed", "killed", "health_failure", "health_timeout"):
-            failed_role = r
-            break
-    job_failed = info is not None and (info.state or "").split()[0] in _FINISHED_STATES - {"COMPLETED"}
-    if failed_role is None and job_failed:
-        failed_role = next((r for r in roles if r.role == "trainer" and r.log), None) or next(
-            (r for r in roles if r.log), None)
-    failed_log = failed_role.log if failed_role else None
+    failed = _job_failed(info, job_id, job_end)
+    batch_log = find_batch_log(job_id, info, plan, job_dir)
+    failed_log = _explaining_log(roles, failed, batch_log)
     failed_tail = tail(failed_log, lines) if failed_log and Path(failed_log).is_file() else []
 
     requeues = [e for e in events if e.event in ("requeue", "requeue_refused")]
@@ -718,19 +761,103 @@ def analyse(
         sig = next(e for e in cur_events if e.event == "signal")
         notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} (pre-timeout signal: checkpoint + requeue)")
 
-    summary = _summary(info, roles, first)
+    summary = _summary(info, roles, first, job_id == LOCAL_JOB_ID, job_end)
     return JobStatus(
         job_id=job_id, job_dir=str(job_dir) if job_dir else None, scheduler=info, accounting=accounting,
         steps=steps, attempt=attempt, attempts=attempts, roles=roles,
         first_to_end=first.role if first else None, summary=summary, last_health=health, logs=logs,
         failed_log=failed_log, failed_log_tail=failed_tail, events_file=events_file, plan_file=plan_file,
-        notes=notes,
+        notes=notes, batch_log=batch_log, failed=failed, over=finished is not False,
     )
 
 
-def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOutcome | None) -> str:
-    state = (info.state or "?") if info else "unknown to the scheduler"
-    parts = [f"job {state}"]
+_BAD_ENDS = ("failed", "killed", "health_failure", "health_timeout")
+
+
+def _job_roles(plan: dict[str, Any] | None, logs: list[RoleLog], events: list[Event],
+               steps: list[StepInfo]) -> tuple[str, ...]:
+    """The roles this job has: the plan's, else those seen in logs, events and sacct steps (a job without vLLM
+    has no server)."""
+    nodes = plan.get("nodes") if plan else None
+    if isinstance(nodes, list):
+        have = {r for n in nodes if isinstance(n, dict) for r in (n.get("roles") or []) if r in ROLES}
+        if have:
+            return tuple(r for r in ROLES if r in have)
+    seen = {lg.role for lg in logs} | {e.role for e in events if e.role in ROLES} | {s.role for s in steps if s.role}
+    seen |= {"server" for e in events if e.event in ("server_died", "health_timeout", "health_ok")}
+    return tuple(r for r in ROLES if r in seen or r == "trainer")
+
+
+def _local_finished(job_id: str, job_end: Event | None) -> bool | None:
+    """A `--bash` run has no scheduler: it is over when the script recorded its end."""
+    if job_id != LOCAL_JOB_ID:
+        return None
+    return job_end is not None
+
+
+def _job_failed(info: SchedulerInfo | None, job_id: str, job_end: Event | None) -> bool:
+    """Over without completing (a local run: ended with a status other than 0 or 75, checkpointed for a re-run)."""
+    if info is not None:
+        return info.finished and (info.state or "").split()[0] != "COMPLETED"
+    return job_id == LOCAL_JOB_ID and job_end is not None and job_end.exit_code not in (0, 75, None)
+
+
+def _has_text(path: str | None) -> bool:
+    try:
+        return path is not None and Path(path).stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _explaining_log(roles: list[RoleOutcome], failed: bool, batch_log: str | None) -> str | None:
+    """The log to show: the first role that ended badly, if its log says anything; else, for a failed job, the
+    batch log (the only record of a script that died before or between its steps), else any role's log."""
+    for r in sorted(roles, key=lambda r: r.ended_at if r.ended_at is not None else float("inf")):
+        if r.state in _BAD_ENDS and _has_text(r.log):
+            return r.log
+    if not failed:
+        return None
+    if _has_text(batch_log):
+        return batch_log
+    return next((r.log for r in roles if r.role == "trainer" and r.log), None) or next(
+        (r.log for r in roles if r.log), None)
+
+
+def find_batch_log(job_id: str, info: SchedulerInfo | None, plan: dict[str, Any] | None,
+                   job_dir: Path | None) -> str | None:
+    """The batch script's output file: the plan's record, the scheduler's StdOut, or the plan's `--output` name
+    in the submit directory (WorkDir, else the folders above the job directory)."""
+    cands: list[Path] = []
+    logs = plan.get("logs") if plan else None
+    if isinstance(logs, dict) and isinstance(logs.get("batch"), str):
+        cands.append(Path(logs["batch"]))
+    work = Path(info.work_dir) if info is not None and info.work_dir else None
+    if info is not None and info.std_out:
+        sp = Path(info.std_out.replace("%j", job_id))
+        cands.append(sp if sp.is_absolute() or work is None else work / sp)
+    layout = plan.get("layout") if plan else None
+    name = layout.get("batch_log") if isinstance(layout, dict) else None
+    if isinstance(name, str) and name:
+        rel = name.replace("%j", job_id)
+        dirs = [work] if work is not None else []
+        if job_dir is not None:
+            dirs += [job_dir, *list(job_dir.resolve().parents)[:3]]
+        cands += [d / rel for d in dirs]
+    return next((str(c) for c in cands if c.is_file()), None)
+
+
+def _local_state(job_end: Event | None) -> str:
+    if job_end is None:
+        return "local run (--bash): running, or stopped without recording its end"
+    return f"local run (--bash): ended, exit {job_end.exit_code if job_end.exit_code is not None else '?'}"
+
+
+def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOutcome | None,
+             local: bool = False, job_end: Event | None = None) -> str:
+    if info is None and local:
+        parts = [_local_state(job_end)]
+    else:
+        parts = [f"job {(info.state or '?') if info else 'unknown to the scheduler'}"]
     if info and info.exit_code is not None:
         parts[0] += f" (exit {info.exit_code}" + (f", signal {info.exit_signal}" if info.exit_signal else "") + ")"
     if info and (info.state or "").startswith("TIMEOUT"):
@@ -738,6 +865,8 @@ def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOu
     if first is not None:
         where = f" on {', '.join(first.nodes)}" if first.nodes else ""
         parts.append(f"{first.role} ended first{where}: {first.how}")
+    elif roles and all(r.how.startswith("never started") for r in roles):
+        parts.append("no step started: the batch script stopped first (its log below says why)")
     elif any(r.state == "running" for r in roles):
         parts.append("running: " + ", ".join(r.role for r in roles if r.state == "running"))
     return "; ".join(parts)
@@ -746,8 +875,11 @@ def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOu
 def collect(job_id: str, job_dir: str | Path | None = None, lines: int = 20) -> JobStatus:
     """Everything `launchgen status` shows, from whatever sources answer."""
     job_id = job_id.strip()
+    if job_id == LOCAL_JOB_ID:
+        return _collect_local(job_dir, lines)
     if not re.fullmatch(r"\d+(?:_\d+)?", job_id):
-        raise StatusError(f"JOBID {job_id!r}: expected a numeric SLURM job id (as printed by sbatch)")
+        raise StatusError(f"JOBID {job_id!r}: expected a numeric SLURM job id (as printed by sbatch), or "
+                          f"{LOCAL_JOB_ID!r} for a `render --bash` run")
     info = query_scontrol(job_id)
     sacct_info, steps, why_not = query_sacct(job_id)
     accounting = "on" if why_not is None else f"off or empty: {why_not}"
@@ -765,14 +897,39 @@ def collect(job_id: str, job_dir: str | Path | None = None, lines: int = 20) -> 
     return st
 
 
+def local_job_dir(explicit: str | Path | None) -> Path:
+    """A `--bash` run's job directory: --job-dir, else the current directory when it is one, else the default
+    output_dir (`launchgen-runs/local`) below it."""
+    if explicit is not None:
+        return locate_job_dir(LOCAL_JOB_ID, None, explicit) or Path(explicit)
+    here = Path.cwd()
+    for cand in (here, here / "launchgen-runs" / LOCAL_JOB_ID):
+        if _is_job_dir(cand):
+            return cand
+    raise StatusError(f"no job directory of a local run here ({here}) nor in launchgen-runs/{LOCAL_JOB_ID}/: run "
+                      "`launchgen status local` in the job directory, or pass --job-dir")
+
+
+def _collect_local(job_dir: str | Path | None, lines: int) -> JobStatus:
+    return analyse(LOCAL_JOB_ID, None, "not used (a local --bash run)", [], local_job_dir(job_dir), lines)
+
+
 def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None) -> RoleLog:
-    """The log `launchgen logs` prints: role, then node (name or position), then attempt (default: latest)."""
+    """The log `launchgen logs` prints: role, then node (name or position), then attempt (default: latest).
+    `batch` is the batch script's own output (sbatch --output), the one record of a script that died early."""
+    if role == BATCH_ROLE:
+        if st.batch_log is None:
+            raise StatusError(f"no batch log found for job {st.job_id} (a --bash run prints to its terminal)")
+        size = Path(st.batch_log).stat().st_size if Path(st.batch_log).is_file() else 0
+        host = st.scheduler.batch_host if st.scheduler and st.scheduler.batch_host else "batch host"
+        return RoleLog(BATCH_ROLE, host, st.attempt or 0, st.batch_log, size, 0.0)
     if role not in ROLES:
-        raise StatusError(f"--role {role!r}: use server or trainer")
+        raise StatusError(f"--role {role!r}: use server, trainer or {BATCH_ROLE}")
     cands = [lg for lg in st.logs if lg.role == role]
     if not cands:
         where = st.job_dir or "(job directory not found; pass --job-dir)"
-        raise StatusError(f"no {role} log under {where}/logs/attempt-*/")
+        batch = f"; the batch log ({st.batch_log}) may say why: --role {BATCH_ROLE}" if st.batch_log else ""
+        raise StatusError(f"no {role} log under {where}/logs/attempt-*/{batch}")
     atts = sorted({lg.attempt for lg in cands})
     want = attempt if attempt is not None else atts[-1]
     cands = [lg for lg in cands if lg.attempt == want]

@@ -34,7 +34,8 @@ BUILTIN_ATTN = frozenset(
     {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
 )
 #: `org/repo[@revision][:function]`, the form transformers' hub-kernel loader accepts.
-HUB_KERNEL_RE = re.compile(r"^(?:[^/:|]+\|)?[^/:@]+/[^/:@]+(?:@[^/:@]+)?(?::[^/:@]+)?$")
+#: Anchored with \A...\Z and without blanks: `$` would accept a trailing newline even under re.match.
+HUB_KERNEL_RE = re.compile(r"\A(?:[^/:|\s]+\|)?[^/:@\s]+/[^/:@\s]+(?:@[^/:@\s]+)?(?::[^/:@\s]+)?\Z")
 
 
 class _Strict(BaseModel):
@@ -88,7 +89,8 @@ class ModelSection(_Strict):
 
 class DataSection(_Strict):
     path: str = Field(
-        description="Local .jsonl/.json/.parquet file, or a Hub data set name (needs the `datasets` package)."
+        description="Local .jsonl/.json/.parquet file, a `datasets` save_to_disk folder (a DatasetDict uses `split`), "
+        "or a Hub data set name (needs the `datasets` package)."
     )
     split: str = Field(default="train", description="Split of a Hub data set.")
     config_name: str | None = Field(default=None, description="Hub data set configuration name.")

@@ -38,25 +38,13 @@ from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.core import OnlineRLTrainer, StepStats, _pad
 from launchgen.trainers.data import PromptSampler, is_conversational, read_rows
+from launchgen.trainers.datafiles import detect_sft_format as detect_format
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationOutput, SamplingParams
 from launchgen.trainers.rewards import LoadedReward
 
 FORMATS = ("messages", "prompt_completion", "text")
 IGNORE_INDEX = -100
-
-
-def detect_format(row: dict[str, Any], prompt_column: str) -> str:
-    if "messages" in row:
-        return "messages"
-    if prompt_column in row and "completion" in row:
-        return "prompt_completion"
-    if "text" in row:
-        return "text"
-    raise TrainerSetupError(
-        f"data: sft needs a `messages` column (chat), `{prompt_column}` + `completion` columns, or a `text` column; "
-        f"found {', '.join(sorted(row)) or 'none'}: rename with data.column_mapping (or set data.prompt_column)"
-    )
 
 
 def _messages(value: Any, what: str) -> list[dict[str, Any]]:

@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from launchgen.trainers.generation.fast_generate import FastGenerateBackend  # noqa: E402
-from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams  # noqa: E402
+import torch
+import transformers
+from launchgen.trainers.generation.fast_generate import FastGenerateBackend
+from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
 
 TEXTS = ["What is 2 + 3?", "hello", "The quick brown fox jumps over", "Compute 7 * 6."]
 
@@ -202,7 +200,7 @@ def test_training_mode_and_checkpointing_are_restored(tiny_model_dir: Path) -> N
 
 
 def test_logprobs_match_the_trainers_own_per_token_logps(qwen: tuple[Any, Any]) -> None:
-    modeling = pytest.importorskip("launchgen.trainers.modeling")
+    from launchgen.trainers import modeling
     model, tok = qwen
     prompts = [p for p in _prompts(tok) for _ in range(2)]
     out = FastGenerateBackend(model, tok).generate(

@@ -9,12 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
-from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data  # noqa: E402
+import torch
+from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data
 
 HERE = Path(__file__).parent
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.core import StepStats, _as_f64  # noqa: E402
+import torch
+from launchgen.trainers.core import StepStats, _as_f64
 
 
 def test_sums_mix_floats_and_tensors() -> None:

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
+import torch
+from tools import tool
 from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data
 
 HERE = Path(__file__).parent
@@ -138,19 +137,14 @@ def test_config_errors_are_one_line_exit_2(tmp_path: Path, tiny_model_dir: Path,
 
 @pytest.mark.slow
 def test_accelerate_launch_two_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    import shutil
-
     import yaml
-
-    if shutil.which("accelerate") is None:
-        pytest.skip("accelerate CLI not on PATH")
     cfg = _cfg(tmp_path, tiny_model_dir, "ddp", max_steps=2, per_device_train_batch_size=4, num_generations=4, save_steps=1)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
         # `--cpu` would start ONE process (accelerate's simple launcher); `--multi_gpu` uses torchrun, and the trainer
         # asks accelerate for a CPU (gloo) group when there is no GPU.
-        ["accelerate", "launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no",
+        [tool("accelerate"), "launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no",
          "--dynamo_backend", "no", "-m", "launchgen.trainers.grpo", "--config", str(path)],
         env=_env(), capture_output=True, text=True, timeout=400,
     )

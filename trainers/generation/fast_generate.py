@@ -333,9 +333,9 @@ def _fused_spec(decoder: Any, lm_head: Any, cfg: Any, device: torch.device) -> _
 
 def _recompile_limit_patch() -> contextlib.AbstractContextManager[Any]:
     """Raise dynamo's recompile limit for the duration of a call (torch without torch.compile(recompile_limit=))."""
-    from launchgen.trainers.modeling import dynamo_recompile_limit_name
+    from launchgen.trainers.dynamo_config import recompile_limit_name
 
-    name = dynamo_recompile_limit_name()
+    name = recompile_limit_name()
     if name is None:
         return contextlib.nullcontext()
     import torch._dynamo.config as dynamo_config
@@ -707,6 +707,9 @@ class FastGenerateBackend:
         if backend == "inductor":
             # This backend captures the whole decode step itself; inductor's own graphs would nest inside it.
             kw["options"] = {"triton.cudagraphs": False}
+        from launchgen.trainers.dynamo_config import recompile_limit_name
+
+        recompile_limit_name()  # un-hide the limit dynamo reads on every compile
         compile_fn: Any = torch.compile  # Any: the typing overloads lag behind the recompile_limit argument
         try:
             try:
