@@ -87,6 +87,7 @@ def test_a_preempted_run_with_another_config_is_refused_before_loading(tmp_path:
     import toy_rewards
 
     cfg = _cfg(tmp_path, tiny_model_dir, max_steps=4, rewards=[{"name": "toy_rewards:target_fraction_signal"}])
+    monkeypatch.setattr(toy_rewards, "_calls", 0)  # the reward's call count is per process: any test order
     monkeypatch.setattr(toy_rewards, "SIGNAL_AT", 1)
     assert run_cfg(cfg) == 75
     monkeypatch.setattr(toy_rewards, "SIGNAL_AT", 0)
