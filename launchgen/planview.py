@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launchgen.jobdir import ENV_PID_DIR
 from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
 from launchgen.tables import print_table, print_text
 from launchgen.visible import visible
@@ -103,7 +104,7 @@ def env_table(plan: Plan) -> Table:
         table.add_row("trainer", e.name, _env_value(e), e.source)
     for name in plan.trainer.unset_env:
         table.add_row("trainer", name, "[dim](unset)[/dim]", "launchgen")
-    table.add_row("all steps", "LAUNCHGEN_PID_DIR", "$LG_JOB_DIR/" + plan.layout.pid_dir + "  [dim](run time)[/dim]",
+    table.add_row("all steps", ENV_PID_DIR, "$LG_JOB_DIR/" + plan.layout.pid_dir + "  [dim](run time)[/dim]",
                   "launchgen")
     return table
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from launchgen.rank import EXIT_PREEMPTED
+from launchgen.jobdir import EXIT_PREEMPTED
 
 TRAINER = '''
 import os, signal, sys, time

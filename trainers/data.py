@@ -12,6 +12,7 @@ checkpoint, so a resumed run continues with exactly the prompts the interrupted 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,3 +141,19 @@ class PromptSampler:
                 "resume with the same data, or set resume: never with a fresh output_dir"
             )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+def pad_rows(
+    rows: Sequence[Sequence[float]], value: float, left: bool, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """Ragged rows as one (len(rows), longest) tensor padded with `value` on the left or the right."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            t = torch.tensor(r, dtype=dtype)
+            if left:
+                out[i, width - len(r) :] = t
+            else:
+                out[i, : len(r)] = t
+    return out

@@ -326,8 +326,6 @@ def check_liger_compatible(cfg: TrainerConfig) -> None:
         return
     if not torch.cuda.is_available():
         raise TrainerSetupError("model.use_liger_kernel needs a CUDA GPU (Liger's kernels are Triton); set it to false on CPU")
-    if cfg.trainer not in ("grpo", "rloo", "sft"):
-        raise TrainerSetupError(f"model.use_liger_kernel is supported for grpo, rloo and sft, not {cfg.trainer}")
 
 
 def apply_liger(model: PreTrainedModel, cfg: TrainerConfig) -> None:

@@ -11,12 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
 from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
 from launchgen.tables import print_table, print_text
 from launchgen.visible import visible
 
 #: exit status of `launchgen status` for a job that is over and did not complete (2 is bad usage)
-EXIT_JOB_FAILED = 3
+EXIT_JOB_FAILED = EXIT_STATUS_JOB_FAILED
 
 
 def _ts(v: float | None) -> str:

@@ -282,7 +282,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_03CFE7D3EFAD0945
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_2B117C7BF38A54D7'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_C324AC85C4E60BB0'
 {
   "exit_server_failed": 1,
   "job_name": "rloo-colocate",
@@ -341,6 +341,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_2B117C7BF38A54D7'
       "var": "LG_COLOCATE_MASTER_PORT"
     }
   ],
+  "record_version": 1,
   "server": null,
   "signal_grace": 120,
   "spec_hash": "64466819e03f822eb62b04086b9e753c7591d1cdf4d61c7d8768318890ed76fc",
@@ -377,7 +378,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_2B117C7BF38A54D7'
   },
   "vllm_mode": "colocate"
 }
-LAUNCHGEN_EOF_2B117C7BF38A54D7
+LAUNCHGEN_EOF_C324AC85C4E60BB0
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_9AB901558B45C7C3'
 #!/bin/bash

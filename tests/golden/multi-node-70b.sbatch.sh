@@ -307,7 +307,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_DF363D428BE8DE27
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_C0DD8A069BA57E84'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_F023C68C143AE835'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-70b",
@@ -449,6 +449,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_C0DD8A069BA57E84'
       "var": "LG_GROUP_PORT"
     }
   ],
+  "record_version": 1,
   "server": {
     "argv": [
       [
@@ -528,7 +529,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_C0DD8A069BA57E84'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_C0DD8A069BA57E84
+LAUNCHGEN_EOF_F023C68C143AE835
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_95C2B4A277B73835'
 #!/bin/bash

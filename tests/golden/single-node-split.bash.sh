@@ -289,7 +289,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_3BC26FC61638907E'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_157FCB96FE4C3CA4'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -357,6 +357,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_3BC26FC61638907E'
       "var": "LG_GROUP_PORT"
     }
   ],
+  "record_version": 1,
   "server": {
     "argv": [
       [
@@ -432,7 +433,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_3BC26FC61638907E'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_3BC26FC61638907E
+LAUNCHGEN_EOF_157FCB96FE4C3CA4
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_3466C331F1AB0835'
 #!/bin/bash

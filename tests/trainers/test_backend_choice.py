@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.core import _static_cache_fits, make_backend
+from launchgen.trainers.generation.backends import _static_cache_fits, make_backend
 
 
 def _cfg(model_dir: Path, engine: str) -> TrainerConfig:

@@ -118,12 +118,13 @@ def test_generation_runs_layers_eagerly(dynamo_eager: Any, tiny_model_dir: Path)
 def test_grpo_run_with_compiled_layers_matches_plain(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dynamo_eager: Any
 ) -> None:
-    from launchgen.trainers import core, modeling
+    from launchgen.trainers import modeling
+    from launchgen.trainers.generation import backends
 
     monkeypatch.syspath_prepend(str(HERE))
     # Generation must run the layers eagerly when they are compiled: record the switch at every generate call.
     eager_at_generate: list[int] = []
-    make_backend = core.make_backend
+    make_backend = backends.make_backend
 
     def spying(*args: Any) -> Any:
         backend = make_backend(*args)
@@ -136,7 +137,7 @@ def test_grpo_run_with_compiled_layers_matches_plain(
         backend.generate = gen
         return backend
 
-    monkeypatch.setattr(core, "make_backend", spying)
+    monkeypatch.setattr(backends, "make_backend", spying)
     common: dict[str, Any] = {"num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 3, "beta": 0.04}
     runs = {}
     depths = {}

@@ -63,7 +63,7 @@ def test_is_a_generation_backend(qwen: tuple[Any, Any]) -> None:
 
 def test_grouped_query_attention_matches_repeated_kv() -> None:
     """The decode attention reads each K/V head once; it must equal SDPA over repeated K/V (HF's path)."""
-    from launchgen.trainers.generation.fast_generate import _gqa_sdpa
+    from launchgen.trainers.generation.fast_generate.attention import _gqa_sdpa
 
     g = torch.Generator().manual_seed(0)
     for q_len in (1, 5):
@@ -410,7 +410,11 @@ def _decode_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
 
 def _fused_layer_call(model: Any, layer_idx: int, x: dict[str, Any], fn: Any = None,
                       cos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer, _fused_spec, _layer_weights
+    from launchgen.trainers.generation.fast_generate.fused import (
+        _fused_decoder_layer,
+        _fused_spec,
+        _layer_weights,
+    )
 
     spec = _fused_spec(model.model, model.lm_head, model.config, torch.device("cpu"))
     assert not isinstance(spec, str), spec
@@ -488,7 +492,7 @@ def test_fused_and_modules_paths_agree_bitwise_on_cpu(qwen: tuple[Any, Any]) -> 
 def test_fused_layer_compiles_to_one_graph_for_every_layer(tok: Any) -> None:
     """fullgraph=True fails on any graph break; the counter shows that layer 1 reuses layer 0's graph (no guard
     on a layer index or module) and that a new mask length is the only thing that recompiles."""
-    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer
+    from launchgen.trainers.generation.fast_generate.fused import _fused_decoder_layer
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
