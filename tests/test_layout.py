@@ -8,7 +8,6 @@ independent function of the spec, so running them in any order gives the same is
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_checks import CASES, base, merge, render
+from test_checks import CASES, base, merge, model_dir, render  # noqa: F401  (model_dir: the fixture)
 from test_property import _dump, mutated_specs
 
 from launchgen import checks
@@ -92,20 +91,11 @@ def test_check_order_does_not_change_the_issues(spec: dict[str, Any], rnd: rando
         assert _issues(loaded, shuffled, mp) == _issues(loaded, registered, mp)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("model")
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "num_attention_heads": 32, "num_key_value_heads": 8,
-        "max_position_embeddings": 4096,
-    }))
-    return d
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_spec_fixtures_give_the_same_issues_in_every_stage_order(
-        model_dir: Path, case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-    loaded = load_spec_text(render(merge(base(model_dir), case[1])), "spec.yaml")
+        request: pytest.FixtureRequest, case: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    model: Path = request.getfixturevalue("model_dir")  # test_checks' local model with a config.json
+    loaded = load_spec_text(render(merge(base(model), case[1])), "spec.yaml")
     registered = list(checks.CHECKS)
     want = _issues(loaded, registered, monkeypatch)
     assert case[0] in {i.code for i in want}
