@@ -51,6 +51,7 @@ from .weight_transfer import (
     TensorMeta,
     Transport,
     make_transport,
+    renewed,
     update_info_lists,
 )
 
@@ -203,6 +204,8 @@ class VLLMServerBackend:
         self.server_backend: str | None = None
         #: Completed syncs; sent as the weight version on /finish_weight_update where the server records it.
         self.syncs_done = 0
+        #: A sync failed: the weight-transfer stream is out of step, the next sync first rebuilds the group.
+        self._group_broken = False
         self._metas: list[TensorMeta] | None = None
         self._connected = False
         self._generated_once = False
@@ -296,7 +299,22 @@ class VLLMServerBackend:
         self.server_backend = str(c.check_weight_transfer_configured().get("backend", "nccl"))
         self.transport = transport_for_backend(self.server_backend, self.transport)
         self.server_world_size = c.get_world_size()
+        self._join_group()
+
+    def _join_group(self, renew: bool = False) -> None:
+        """Clear what a previous trainer left on the server, then host the group and have the server join it.
+
+        `renew`: this trainer's own group broke (a failed sync leaves broadcasts half-consumed, so the stream is
+        out of step): the old end is closed only after the server dropped its side, which ends any send still
+        blocked on it, and a fresh one takes the same port.
+        """
+        assert self.client is not None and self.version is not None and self.server_world_size is not None
+        c = self.client
         self._release_previous_group()
+        if renew:
+            assert self.transport is not None
+            self.transport.close()
+            self.transport = renewed(self.transport)
         world_size = self.server_world_size + 1
         host = resolve_group_host(self.group_host, c.host)
         init_info: dict[str, Any] = {
@@ -310,6 +328,7 @@ class VLLMServerBackend:
         if self.server_backend == GLOO_BACKEND:
             init_info["timeout_s"] = self.weight_sync_timeout  # how long a worker waits on a stuck trainer
         transport = self.transport
+        assert transport is not None
         thread, outcome = _run_daemon(
             "launchgen-wt-init",
             lambda: transport.init(host, self.group_port, world_size, self.control_timeout),
@@ -319,7 +338,7 @@ class VLLMServerBackend:
         except VLLMServerError as exc:
             transport.close()
             raise VLLMServerError(
-                f"{exc}{init_failure_hint(exc, self.server_backend, host, self.group_port)}",
+                f"{exc}{init_failure_hint(exc, self.server_backend or 'nccl', host, self.group_port)}",
                 endpoint=exc.endpoint,
                 status=exc.status,
                 body=exc.body,
@@ -342,17 +361,27 @@ class VLLMServerBackend:
         )
 
     def _release_previous_group(self) -> None:
-        """A trainer that crashed left its group (and maybe an open update) on the server: clear both first."""
-        assert self.client is not None
+        """Undo what a trainer that crashed may have left on the server, before joining a new group.
+
+        Its group is shut down where the server has the route (a group of dead peers otherwise lingers until its
+        timeout); an update it left open is finished; and one start + finish pair restores layers that a failed
+        update left mid-reload (vLLM then kills the engine on the next generation). On healthy weights that pair
+        changes nothing: no tensor is received, so every layer gets its own weights back.
+        """
+        assert self.client is not None and self.version is not None
+        c = self.client
         try:
-            self.client.shutdown_weight_transfer_engine()
+            c.shutdown_weight_transfer_engine()
         except VLLMServerError as exc:
             if exc.status is None:
                 raise
             # "Cannot release a trainer connection during a weight update": the dead trainer was mid-update.
             logger.warning("vLLM refused to release the previous trainer's group (%s); closing its update first", exc)
-            self._recover_failed_update()
-            self.client.shutdown_weight_transfer_engine()
+            c.finish_weight_update()
+            c.shutdown_weight_transfer_engine()
+        if self.version.has_update_lifecycle:
+            self._start_update()
+            c.finish_weight_update()
 
     def _packed_fields(self) -> dict[str, Any]:
         return {
@@ -440,9 +469,12 @@ class VLLMServerBackend:
         # One budget for the whole sync, however many /update_weights calls the first one needs.
         self._deadline = time.monotonic() + self.weight_sync_timeout
         try:
+            if self._group_broken:
+                self._join_group(renew=True)
+                self._group_broken = False
             if lifecycle:
-                c.start_weight_update()
-                started = True
+                started = True  # also when start times out: the server may still open the session later
+                self._start_update()
             if self._metas is not None:
                 self._transfer(self._metas, _checked(it, self._metas))
             elif lifecycle and self.packed:
@@ -460,9 +492,22 @@ class VLLMServerBackend:
         except BaseException:
             for _ in it:  # finish every collective the other ranks are (or will be) waiting in
                 pass
+            self._group_broken = True
             if started:
                 self._recover_failed_update()
             raise
+
+    def _start_update(self) -> None:
+        """/start_weight_update; a session left open (a start whose answer timed out) is closed and reopened."""
+        assert self.client is not None
+        try:
+            self.client.start_weight_update()
+        except VLLMServerError as exc:
+            if exc.status != 500 or "already active" not in str(exc):
+                raise
+            logger.warning("the server had a weight update open (%s); finishing it and starting again", exc)
+            self.client.finish_weight_update()
+            self.client.start_weight_update()
 
     def _recover_failed_update(self) -> None:
         """Close the server's update session so it keeps serving (best effort; the original error is raised).
