@@ -20,7 +20,7 @@ import yaml
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import VLLMClient
 
-from vllm_real.common import LOGPROB_TOL, load_model, max_logprob_gap
+from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap
 from vllm_real.harness import REPO_ROOT, RealServer, free_port
 
 pytestmark = pytest.mark.vllm_real
@@ -73,6 +73,11 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
     trainer: str, healthy_shared: RealServer, real_model: Path, tmp_path: Path
 ) -> None:
     cfg = _config(tmp_path, real_model, healthy_shared, trainer)
+    # A fresh (not resumed) trainer does not sync before its first generation, so the shared server must serve
+    # the model file's weights, as a newly started one does; earlier tests pushed others.
+    restore = connect(healthy_shared)
+    restore.sync_weights(iter(load_model(real_model).named_parameters()))
+    restore.close()
     metrics = _train(tmp_path, cfg)
     assert len(metrics) == STEPS
     for m in metrics:
@@ -80,7 +85,7 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
         if trainer == "grpo":  # the importance-sampling correction compares server and trainer log-probs
             assert m["sampling/sampling_logp_difference/max"] < 1e-4, m
     client = VLLMClient("127.0.0.1", healthy_shared.port, control_timeout=60, request_timeout=120)
-    assert client.weight_version() == str(STEPS)  # one finished update per step
+    assert client.weight_version() == str(STEPS)  # one finished update per step (the trainer's own count)
     final = load_model(Path(cfg["output_dir"]) / "final")
     base = load_model(real_model)
     prompt = [31, 32, 33, 34, 35]

@@ -259,6 +259,8 @@ class VLLMClient:
             raise VLLMServerError(
                 f"{self.where}: GET /health failed: {type(exc).__name__}: {exc}", endpoint="/health"
             ) from exc
+        if resp.status_code != 200:
+            self._drop_connections(resp)  # a 503 can come with the same dropped connection as any error
         return resp.status_code
 
     def wait_for_health(self, timeout: float, poll_interval: float = 1.0) -> None:
