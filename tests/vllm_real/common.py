@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from launchgen.trainers.generation.vllm_client import VLLMClient
 from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 from launchgen.trainers.generation.weight_transfer import NCCLTransport
 
-from vllm_real.harness import RealServer, free_port
+from vllm_real.harness import free_port
 
 #: Processed logprobs of vLLM's float32 CPU path against the trainer's log_softmax(logits / T): measured
 #: 5e-7 .. 2e-6 on the tiny model; this bound still fails on a single stale weight.
 LOGPROB_TOL = 2e-5
+
+
+class Served(Protocol):
+    """A running server, real or stand-in: what `connect` needs of it."""
+
+    port: int
 
 
 class SingleProcess:
@@ -26,7 +32,7 @@ class SingleProcess:
     device = torch.device("cpu")
 
 
-def connect(server: RealServer, **over: Any) -> VLLMServerBackend:
+def connect(server: Served, **over: Any) -> VLLMServerBackend:
     """A backend as `from_config` builds it: NCCL transport by default, swapped for gloo by the server's answer."""
     client = VLLMClient("127.0.0.1", server.port, request_timeout=over.pop("request_timeout", 120),
                         control_timeout=over.pop("control_timeout", 60))
