@@ -428,10 +428,11 @@ class FixedBackend:
 
 def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Namespace, workdir: Path,
                   fixed: list[list[int]] | None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Drive launchgen's own loop (`core.OnlineRLTrainer.setup()` + `.train()`), with FastGenerateBackend as the
+    """Drive launchgen's own loop (`core.Trainer.setup()` + `.train()`), with FastGenerateBackend as the
     generation backend (or the fixed-completion stub), through the loop's backend factory."""
     import torch
     from launchgen.trainers import core
+    from launchgen.trainers.generation import backends
     from launchgen.trainers.generation.fast_generate import FastGenerateBackend
 
     cuda = torch.cuda.is_available()
@@ -448,13 +449,13 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
         be.generate = clock.wrap(be.generate, "gen", count)
         return be
 
-    orig_factory = core.make_backend
-    core.make_backend = make_backend
-    trainer = core.OnlineRLTrainer(cfg)
+    orig_factory = backends.make_backend
+    backends.make_backend = make_backend
+    trainer = core.Trainer(cfg)
     try:
         trainer.setup()
     finally:
-        core.make_backend = orig_factory
+        backends.make_backend = orig_factory
     backend = trainer.backend
     trainer.save = lambda: None  # the end-of-run checkpoint is not part of a step
     trainer.generate_batch = clock.wrap(trainer.generate_batch, "gen_and_score")

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launchgen.visible import visible
+
 Severity = Literal["error", "warning", "info"]
 
 
@@ -28,10 +30,13 @@ class Issue:
         where = self.file or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
-        text = f"{where}: {self.severity} {self.code} [{self.path}] {self.message}"
+        # a file-level problem (not YAML, too large) has no field: no empty `[]`
+        field = f" [{self.path}]" if self.path else ""
+        text = f"{where}: {self.severity} {self.code}{field} {self.message}"
         if self.fix:
             text += f" Fix: {self.fix}"
-        return text
+        # one line each, and nothing from the spec (a key, a value) may drive the terminal
+        return visible(text)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from launchgen.checks import (
 from launchgen.hfcache import kernel_in_cache, model_in_cache
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec
+from launchgen.preflight.setup import probe_setup
 from launchgen.spec import parse_time_limit
 
 PROBE_TIMEOUT = 10.0
@@ -354,5 +355,6 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_gpus(ctx, runner))
     issues.extend(probe_ports(ctx, is_free))
     issues.extend(probe_offline(ctx))
+    issues.extend(probe_setup(ctx))
     return [i.located(i.file or loaded.path, i.line if i.line is not None else loaded.line_of(i.path) if i.path
                       else None) for i in issues]

@@ -37,16 +37,11 @@ the job id). The plan names them with ``Ref(var)``: a shell variable the rendere
 place (documented on ``RUNTIME_VARS``); everything else in the plan is literal and is shell-quoted when rendered.
 ``EnvVar.literal=False`` values are shell expressions generated here (never spec text).
 
-What a job leaves in its directory (for `launchgen status`; paths in ``JobLayout``)
---------------------------------------------------------------------------------
-``launchgen-plan.json`` (rewritten at the start of every attempt; a copy in ``logs/attempt-<N>/``):
-``Plan.to_json()`` plus, per node, ``name``; per port, ``value`` (base + offset); and ``scheduler``, ``job_id``,
-``attempt``, ``restart_count``, ``job_dir``, ``log_dir``, ``server_host``, ``port_offset_value``, ``pid_dir``,
-``complete_marker``, ``started_at`` and ``logs`` = {"server": {node: path}, "trainer": {node: path}, "events",
-"signal", "batch" (sbatch only)}. ``logs/attempt-<N>/events.log``: one ``<UTC time> <event> [key=value ...]``
-line per event, from: ``start``, ``server_start``, ``trainer_start``, ``server_healthy after=<s>s``,
-``server_failed exit=<rc>|health_timeout``, ``trainer_exit status=<rc>``, ``usr2``, ``signal TERM|INT``,
-``complete``, ``requeue restart=<n>``, ``requeue_cap``, ``exit status=<rc>``.
+What a job leaves in its directory (for `launchgen status`)
+-----------------------------------------------------------
+The layout, the run record (``launchgen-plan.json``: ``Plan.to_json()`` plus the attempt's node names, ports
+and log paths), the event lines, exit codes, the completion marker and the pid/exit files are the contract of
+``launchgen.jobdir``, which owns them; this module only fills in the static part.
 Every trainer rank runs under ``python -m launchgen.rank`` (``accelerate launch -m launchgen.rank
 launchgen.trainers.<name> ...``), which writes ``$LAUNCHGEN_PID_DIR/$LAUNCHGEN_NODE_NAME/rank<RANK>.pid`` (the
 trainer's PID) and ``rank<RANK>.exit`` (its exit status). USR2 reaches the trainers through the pid files
@@ -71,6 +66,14 @@ from pydantic import ValidationError
 
 from launchgen import __version__
 from launchgen.issues import Issue, SpecError
+
+# the job-directory contract (re-exported: readers of the plan find them here too)
+from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
+from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, RunRecord
+from launchgen.jobdir import EXIT_SERVER_FAILED as EXIT_SERVER_FAILED
+from launchgen.jobdir import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
+from launchgen.jobdir import Layout as JobLayout
+from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
@@ -89,10 +92,6 @@ HEALTH_REQUEST_TIMEOUT_S = 5
 HEALTH_CLIENT_MARGIN_S = 60
 #: Seconds between two supervisor polls.
 POLL_INTERVAL_S = 1
-#: Exit status of the job when the server fails (dies, or never becomes healthy) before the trainer ends.
-EXIT_SERVER_FAILED = 1
-#: File the trainer writes into its output_dir when training has finished (no requeue after it).
-COMPLETE_MARKER = "launchgen-complete.json"
 
 #: Variables the rendered scripts set; a Ref names one of these.
 RUNTIME_VARS: dict[str, str] = {
@@ -251,30 +250,6 @@ class TrainerPlan:
 
 
 @dataclass(frozen=True)
-class JobLayout:
-    """Paths relative to the job directory ($LG_JOB_DIR); `{attempt}`, `{node}` filled at run time."""
-
-    output_dir: str  # job.output_dir as written (with %j)
-    spec: str = "spec.yaml"
-    script_sbatch: str = "job.sbatch"
-    script_bash: str = "job.sh"
-    trainer_config: str = "trainer.yaml"
-    accelerate_config: str = "accelerate.yaml"
-    plan_json: str = "launchgen-plan.json"
-    plan_static_json: str = "launchgen-plan.static.json"
-    steps_dir: str = "steps"
-    log_dir: str = "logs/attempt-{attempt}"
-    server_log: str = "logs/attempt-{attempt}/server-{node}.log"
-    trainer_log: str = "logs/attempt-{attempt}/trainer-{node}.log"
-    signal_log: str = "logs/attempt-{attempt}/signal.log"
-    events_log: str = "logs/attempt-{attempt}/events.log"
-    pid_dir: str = "run/attempt-{attempt}/pids"
-    trainer_output_dir: str = "trainer"
-    complete_marker: str = "trainer/" + COMPLETE_MARKER
-    batch_log: str = ""  # relative to the submit dir (sbatch --output), filled by build_plan
-
-
-@dataclass(frozen=True)
 class SlurmPlan:
     directives: tuple[str, ...]  # text after `#SBATCH `
     setup: tuple[str, ...]
@@ -321,6 +296,9 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The static part of launchgen-plan.json (the script adds names, effective ports, attempt)."""
+        return RunRecord(plan=self._static_json()).to_json()
+
+    def _static_json(self) -> dict[str, Any]:
         return {
             "launchgen_version": self.version,
             "spec_hash": self.spec_hash,
@@ -359,12 +337,7 @@ class Plan:
                 "module": self.trainer.module,
                 "argv": [str(w) for w in self.trainer.argv],
             },
-            "layout": {
-                k: getattr(self.layout, k)
-                for k in ("output_dir", "spec", "trainer_config", "accelerate_config", "server_log",
-                          "trainer_log", "signal_log", "events_log", "pid_dir", "trainer_output_dir",
-                          "complete_marker", "batch_log")
-            },
+            "layout": self.layout.to_json(),
             "signal_grace": self.slurm.signal_grace,
             "max_restarts": self.slurm.max_restarts,
             "exit_server_failed": self.exit_server_failed,
@@ -556,7 +529,6 @@ _OWNED_COLOCATE = {
     "enable_sleep_mode": "vllm.enable_sleep_mode",
 }
 
-RESERVED_ENV_PREFIXES = ("LAUNCHGEN_", "LG_")
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "VLLM_SERVER_DEV_MODE", "VLLM_HOST_IP"})
 
 
@@ -638,10 +610,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
     except ValidationError as exc:
         lines = loaded.lines if loaded is not None else {}
         file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"))
+        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
+        generic = _PYDANTIC_FIXES
         raise SpecError([Issue("LG901", i.path, i.message,
-                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig).",
-                               "error", i.line, i.file) for i in found]) from None
+                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
+                               if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
 
 
 def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
@@ -955,10 +928,10 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
     tenv += [
         EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-        EnvVar("LAUNCHGEN_NODE_NAME", '"$LG_NODE"', False),
+        EnvVar(ENV_NODE_NAME, '"$LG_NODE"', False),
     ]
     if mode == "colocate":
-        tenv.append(EnvVar("LAUNCHGEN_COLOCATE_MASTER_PORT", '"$LG_COLOCATE_MASTER_PORT"', False))
+        tenv.append(EnvVar(ENV_COLOCATE_MASTER_PORT, '"$LG_COLOCATE_MASTER_PORT"', False))
     tenv += _user_env(spec, "trainer")
     acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
     trainer = TrainerPlan(

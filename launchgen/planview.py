@@ -1,6 +1,7 @@
 """The plan as tables (rich): per-node GPU map, ports, addresses, env per role, commands.
 
-Used by `launchgen plan SPEC` and `launchgen check --explain`. Reads only the Plan.
+Used by `launchgen plan SPEC` and `launchgen check --explain`. Reads only the Plan. A table wider than the
+terminal is printed one record a line (`launchgen.tables`), never cut short.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launchgen.jobdir import ENV_PID_DIR
 from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
+from launchgen.tables import print_table, print_text
+from launchgen.visible import visible
 
 
 def _word(w: Word) -> str:
-    return str(w) if isinstance(w, Ref) else shlex.quote(w)
+    return str(w) if isinstance(w, Ref) else visible(shlex.quote(w))
 
 
 def command_line(argv: tuple[Word, ...]) -> str:
@@ -85,7 +89,8 @@ def endpoint_table(plan: Plan) -> Table:
 
 
 def _env_value(e: EnvVar) -> str:
-    return escape(shlex.quote(e.value)) if e.literal else f"{escape(e.value)}  [dim](run time)[/dim]"
+    value = visible(shlex.quote(e.value) if e.literal else e.value)
+    return escape(value) if e.literal else f"{escape(value)}  [dim](run time)[/dim]"
 
 
 def env_table(plan: Plan) -> Table:
@@ -99,7 +104,7 @@ def env_table(plan: Plan) -> Table:
         table.add_row("trainer", e.name, _env_value(e), e.source)
     for name in plan.trainer.unset_env:
         table.add_row("trainer", name, "[dim](unset)[/dim]", "launchgen")
-    table.add_row("all steps", "LAUNCHGEN_PID_DIR", "$LG_JOB_DIR/" + plan.layout.pid_dir + "  [dim](run time)[/dim]",
+    table.add_row("all steps", ENV_PID_DIR, "$LG_JOB_DIR/" + plan.layout.pid_dir + "  [dim](run time)[/dim]",
                   "launchgen")
     return table
 
@@ -145,9 +150,6 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             # piped or captured: no terminal width to respect, and a wrapped GPU map is unreadable
             console = Console(width=max(console.width, 160))
     for line in summary_lines(plan):
-        console.print(line, highlight=False, markup=False)
-    console.print(gpu_map(plan))
-    console.print(port_table(plan))
-    console.print(endpoint_table(plan))
-    console.print(env_table(plan))
-    console.print(command_table(plan))
+        print_text(console, line)
+    for table in (gpu_map(plan), port_table(plan), endpoint_table(plan), env_table(plan), command_table(plan)):
+        print_table(console, table)

@@ -22,15 +22,18 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from launchgen.jobdir import ENV_NODE_NAME, ENV_PID_DIR, exit_file, pid_file
 
-def _rank_dir() -> Path | None:
-    root = os.environ.get("LAUNCHGEN_PID_DIR")
+
+def _rank_files(rank: str) -> tuple[Path, Path] | None:
+    """(pid file, exit file) of this rank; None when not run by a job script (no pid directory)."""
+    root = os.environ.get(ENV_PID_DIR)
     if not root:
         return None
-    node = os.environ.get("LAUNCHGEN_NODE_NAME") or "local"
-    path = Path(root) / node
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    node = os.environ.get(ENV_NODE_NAME) or "local"
+    files = pid_file(root, node, rank), exit_file(root, node, rank)
+    files[0].parent.mkdir(parents=True, exist_ok=True)
+    return files
 
 
 def _write(path: Path, text: str) -> None:
@@ -51,13 +54,13 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    where = _rank_dir()
-    if where is not None:
-        _write(where / f"rank{rank}.pid", f"{child.pid}\n")
+    files = _rank_files(rank)
+    if files is not None:
+        _write(files[0], f"{child.pid}\n")
     status = child.wait()
     code = status if status >= 0 else 128 - status
-    if where is not None:
-        _write(where / f"rank{rank}.exit", f"{code}\n")
+    if files is not None:
+        _write(files[1], f"{code}\n")
     return code
 
 

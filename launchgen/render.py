@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import jinja2
 
+from launchgen import jobdir
 from launchgen.issues import SpecError
 from launchgen.plan import Plan, Ref, Word, bash_issues
 
@@ -111,7 +112,8 @@ def environment() -> jinja2.Environment:
 
 
 def _context(plan: Plan, scheduler: SchedulerName) -> dict[str, Any]:
-    return {"plan": plan, "sched": scheduler, "Ref": Ref}
+    # the job-directory contract's names (events, time format, run-record writer) come from launchgen.jobdir
+    return {"plan": plan, "sched": scheduler, "Ref": Ref, **jobdir.template_context()}
 
 
 def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:

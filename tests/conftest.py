@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hermetic import restored_process_state
+
+
+@pytest.fixture(autouse=True)
+def _hermetic() -> Iterator[None]:
+    """Every test leaves the process as it found it (see tests/hermetic.py): the order they run in cannot matter."""
+    with restored_process_state():
+        yield
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init 2-layer Qwen2 with an in-process BPE tokenizer, saved with save_pretrained."""
-    pytest.importorskip("torch")
+    import torch  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     from launchgen.trainers.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2")
@@ -18,7 +27,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
+    import torch  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     from launchgen.trainers.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Name the random order (pytest-randomly) at the end of every run, -q included, so a red run reproduces."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and not getattr(config.option, "randomly_dont_reorganize", False):
+        terminalreporter.write_line(f"random test order: reproduce it with  python -m pytest --randomly-seed={seed}")

@@ -275,7 +275,9 @@ def test_lg603_unknown_gqa_is_a_warning_and_mha_is_clean(tmp_path: Path) -> None
 def test_every_check_code_is_documented_and_tested() -> None:
     registered = {c for chk in checks.CHECKS for c in chk.codes}
     assert registered <= set(CODES)
-    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208"}
+    registered -= {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes}  # test_preflight.py
+    # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 

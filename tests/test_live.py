@@ -264,6 +264,8 @@ def test_versions_and_flash_attn2_resolution(tmp_path: Path) -> None:
 
 
 def test_check_live_cli_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')  # check peeks at the data
     fake_bin(tmp_path, "sinfo", sinfo_script("'n1|gpu|gpu:4'", "'gpu|1-infinite|infinite'"))
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(partition="gpu", gpn=8, time="01:00:00", model="org/m", server_nodes=1,

@@ -10,7 +10,6 @@ import yaml
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec, load_spec_text
 from launchgen.plan import (
-    COMPLETE_MARKER,
     HEALTH_CLIENT_MARGIN_S,
     Plan,
     Ref,
@@ -310,10 +309,3 @@ def test_lg9xx_issues_carry_the_yaml_line() -> None:
         build_plan(load_spec_text(text, "t.yaml"))
     (issue,) = exc.value.issues
     assert (issue.code, issue.path, issue.line, issue.file) == ("LG901", "train.args.learning_rate", 6, "t.yaml")
-
-
-def test_complete_marker_matches_the_trainers() -> None:
-    pytest.importorskip("torch")
-    from launchgen.trainers.checkpoint import COMPLETE_MARKER as TRAINER_MARKER
-
-    assert COMPLETE_MARKER == TRAINER_MARKER

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -115,8 +115,14 @@ SPEC = st.fixed_dictionaries(
     },
 )
 
-_WORK = Path(tempfile.mkdtemp(prefix="launchgen-prop-"))
-_CODE_LINE = re.compile(r" error LG\d{3} \[")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory per module (hypothesis runs many examples per test; pytest removes it with its basetemp)."""
+    return tmp_path_factory.mktemp("prop")
+
+_CODE_LINE = re.compile(r" error LG\d{3} ")  # `[field]` follows when the issue has one
 
 
 def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -160,16 +166,16 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 @SETTINGS
 @given(mutated_specs())
-def test_cli_never_tracebacks_and_errors_carry_codes(spec: dict[str, Any]) -> None:
-    path = _WORK / "spec.yaml"
+def test_cli_never_tracebacks_and_errors_carry_codes(work: Path, spec: dict[str, Any]) -> None:
+    path = work / "spec.yaml"
     path.write_text(_dump(spec))
-    r = CliRunner().invoke(main, ["check", str(path)], env={"HF_HOME": str(_WORK / "hf")})
+    r = CliRunner().invoke(main, ["check", str(path)], env={"HF_HOME": str(work / "hf")})
     assert r.exit_code in (0, 2), r.output
     assert "Traceback" not in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
     if r.exit_code == 2:
         assert _CODE_LINE.search(r.stderr), r.stderr
-    j = CliRunner().invoke(main, ["check", "--format", "json", str(path)], env={"HF_HOME": str(_WORK / "hf")})
+    j = CliRunner().invoke(main, ["check", "--format", "json", str(path)], env={"HF_HOME": str(work / "hf")})
     payload = json.loads(j.stdout)
     assert j.exit_code == r.exit_code
     assert payload["ok"] == (j.exit_code == 0)
@@ -185,7 +191,7 @@ def test_in_process_checks_never_raise(spec: dict[str, Any]) -> None:
         assert exc.issues and all(re.fullmatch(r"LG\d{3}", i.code) for i in exc.issues)
         assert all(i.severity == "error" for i in exc.issues)
         return
-    plan, issues = run_checks(loaded, env={})
+    plan, issues = run_checks(loaded, env={}, files=True)
     assert all(re.fullmatch(r"LG\d{3}", i.code) for i in issues)
     assert all(i.message for i in issues)
     assert (plan is None) == has_errors(issues)
@@ -193,8 +199,8 @@ def test_in_process_checks_never_raise(spec: dict[str, Any]) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=200))
-def test_arbitrary_text_never_tracebacks(text: str) -> None:
-    path = _WORK / "raw.yaml"
+def test_arbitrary_text_never_tracebacks(work: Path, text: str) -> None:
+    path = work / "raw.yaml"
     path.write_text(text)
     r = CliRunner().invoke(main, ["check", str(path)])
     assert r.exit_code == 2 or r.exit_code == 0, r.output

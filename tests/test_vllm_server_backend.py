@@ -9,26 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.config import TrainerConfig  # noqa: E402
-from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams  # noqa: E402
-from launchgen.trainers.generation.vllm_client import (  # noqa: E402
+import torch
+from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
+from launchgen.trainers.generation.vllm_client import (
     CompletionsResult,
     VLLMClient,
     VLLMServerError,
     VLLMTimeoutError,
     VLLMVersion,
 )
-from launchgen.trainers.generation.vllm_server import (  # noqa: E402
+from launchgen.trainers.generation.vllm_server import (
     VLLMServerBackend,
     WeightSyncError,
     _checked,
     resolve_group_host,
 )
-from launchgen.trainers.generation.weight_transfer import GlooTransport, TensorMeta, chunk_boundaries  # noqa: E402
-from vllm_standin.harness import Standin, free_port, start_standin, stop_all  # noqa: E402
+from launchgen.trainers.generation.weight_transfer import GlooTransport, TensorMeta, chunk_boundaries
+from vllm_standin.harness import Standin, free_port, start_standin, stop_all
 
 
 class _Acc:

@@ -9,10 +9,8 @@ import time
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.generation.weight_transfer import (  # noqa: E402
+import torch
+from launchgen.trainers.generation.weight_transfer import (
     GlooTransport,
     NCCLTransport,
     TensorMeta,

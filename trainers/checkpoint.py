@@ -29,22 +29,22 @@ from typing import Any
 
 import torch
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_CONFIG = 2
-EXIT_PREEMPTED = 75
+# the exit codes and the marker are the job-directory contract's (launchgen.jobdir, standard library only)
+from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
+from launchgen.jobdir import EXIT_CONFIG as EXIT_CONFIG
+from launchgen.jobdir import EXIT_FAILURE as EXIT_FAILURE
+from launchgen.jobdir import EXIT_OK as EXIT_OK
+from launchgen.jobdir import EXIT_PREEMPTED as EXIT_PREEMPTED
+from launchgen.jobdir import CompletionMarker
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
-#: Written into output_dir when max_steps is reached; the rendered scripts stop requeueing once it exists
-#: (must equal launchgen.plan.COMPLETE_MARKER; a test checks it).
-COMPLETE_MARKER = "launchgen-complete.json"
 
 
 def write_complete_marker(output_dir: str | Path, step: int, trainer: str) -> Path:
     root = Path(output_dir)
     tmp = root / f".{COMPLETE_MARKER}.tmp"
-    tmp.write_text(json.dumps({"trainer": trainer, "global_step": step, "finished_at": time.time()}) + "\n")
+    tmp.write_text(json.dumps(CompletionMarker(trainer, step, time.time()).to_json()) + "\n")
     final = root / COMPLETE_MARKER
     tmp.replace(final)
     return final

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from launchgen.trainers.dynamo_config import recompile_limit_name
 
 #: Vocabulary rows per backward block: large enough for efficient GEMMs, small enough for an fp32 accumulator.
 VOCAB_BLOCK = 16384
@@ -53,6 +54,7 @@ def _backward_tile(z: torch.Tensor, local_targets: torch.Tensor, lse: torch.Tens
 def tile_fns(compiled: bool, backend: str = "inductor") -> tuple[Any, Any]:
     if not compiled:
         return _forward_tile, _backward_tile
+    recompile_limit_name()  # un-hide the limit dynamo reads on every compile
     return (torch.compile(_forward_tile, dynamic=None, backend=backend),
             torch.compile(_backward_tile, dynamic=None, backend=backend))
 

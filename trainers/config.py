@@ -34,7 +34,8 @@ BUILTIN_ATTN = frozenset(
     {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention"}
 )
 #: `org/repo[@revision][:function]`, the form transformers' hub-kernel loader accepts.
-HUB_KERNEL_RE = re.compile(r"^(?:[^/:|]+\|)?[^/:@]+/[^/:@]+(?:@[^/:@]+)?(?::[^/:@]+)?$")
+#: Anchored with \A...\Z and without blanks: `$` would accept a trailing newline even under re.match.
+HUB_KERNEL_RE = re.compile(r"\A(?:[^/:|\s]+\|)?[^/:@\s]+/[^/:@\s]+(?:@[^/:@\s]+)?(?::[^/:@\s]+)?\Z")
 
 
 class _Strict(BaseModel):
@@ -88,7 +89,8 @@ class ModelSection(_Strict):
 
 class DataSection(_Strict):
     path: str = Field(
-        description="Local .jsonl/.json/.parquet file, or a Hub data set name (needs the `datasets` package)."
+        description="Local .jsonl/.json/.parquet file, a `datasets` save_to_disk folder (a DatasetDict uses `split`), "
+        "or a Hub data set name (needs the `datasets` package)."
     )
     split: str = Field(default="train", description="Split of a Hub data set.")
     config_name: str | None = Field(default=None, description="Hub data set configuration name.")
@@ -311,17 +313,21 @@ class TrainerConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-
 def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one `dotted.key=value` override in place; the value is parsed as YAML (`8000` -> int)."""
+    """Apply one `dotted.key=value` override in place (the trainers' `--set` and `from_yaml`).
+
+    The value is YAML, so `8000` is an int, `'x'` a string and an empty value null, as an empty YAML scalar is:
+    `--set data.system_prompt=` clears the field; `--set data.system_prompt=''` sets the empty string.
+    """
     key, sep, raw = item.partition("=")
+    key = key.strip()
     if not sep or not key:
-        raise ValueError(f"override {item!r} is not of the form dotted.key=value")
+        raise ValueError(f"--set {item!r}: expected KEY=VALUE (a dotted key, e.g. generation.vllm_server.port=8001)")
     parts = key.split(".")
     node: dict[str, Any] = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ValueError(f"override {item!r}: {part!r} is not a section")
+            raise ValueError(f"--set {item!r}: {part} is not a mapping")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None

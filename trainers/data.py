@@ -1,4 +1,5 @@
-"""Prompt data: local .jsonl/.json/.parquet files or a Hub data set, chat templates, seeded resumable order.
+"""Prompt data: local files (read by `datafiles`: .jsonl/.json/.parquet, a save_to_disk folder) or a Hub data set,
+chat templates, seeded resumable order.
 
 The prompt column holds either text or a list of chat messages. With a chat template, text becomes one user
 message (after `system_prompt`, when set) and message lists are used as they are; the template is applied with
@@ -11,54 +12,14 @@ checkpoint, so a resumed run continues with exactly the prompts the interrupted 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from launchgen.trainers.config import DataSection
+from launchgen.trainers.datafiles import LOCAL_SUFFIXES, local_path, mapped, read_local
 from launchgen.trainers.errors import TrainerSetupError
-
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-
-
-def _read_local(path: Path) -> list[dict[str, Any]]:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise TrainerSetupError(f"data.path {path}: line {n} is not JSON ({e.msg})") from e
-        return rows
-    if suffix == ".json":
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise TrainerSetupError(f"data.path {path}: not JSON ({e.msg} at line {e.lineno})") from e
-        if isinstance(obj, dict):
-            # {"data": [...]} / {"train": [...]} wrappers, or a columnar {col: [values]} mapping
-            lists = {k: v for k, v in obj.items() if isinstance(v, list)}
-            if len(lists) == 1 and all(isinstance(x, dict) for x in next(iter(lists.values()))):
-                obj = next(iter(lists.values()))
-            elif lists and len(lists) == len(obj) and len({len(v) for v in lists.values()}) == 1:
-                keys = list(lists)
-                obj = [dict(zip(keys, vals, strict=True)) for vals in zip(*lists.values(), strict=True)]
-        if not isinstance(obj, list) or not all(isinstance(x, dict) for x in obj):
-            raise TrainerSetupError(f"data.path {path}: expected a list of objects (one per prompt)")
-        return obj
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise TrainerSetupError(
-                f"data.path {path}: reading parquet needs pyarrow: pip install 'launchgen[data]'"
-            ) from e
-        return pq.read_table(path).to_pylist()
-    raise TrainerSetupError(f"data.path {path}: unsupported file type {suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
 
 
 def load_rows(data: DataSection) -> list[dict[str, Any]]:
@@ -74,17 +35,14 @@ def load_rows(data: DataSection) -> list[dict[str, Any]]:
 
 def read_rows(data: DataSection) -> list[dict[str, Any]]:
     """All rows, after `column_mapping`, at least one; which columns are needed is the caller's business."""
-    path = Path(data.path).expanduser()
-    if path.exists():
-        if path.is_dir():
-            raise TrainerSetupError(f"data.path {path} is a directory; point it at a .jsonl/.json/.parquet file")
-        rows = _read_local(path)
-    elif path.suffix.lower() in LOCAL_SUFFIXES or data.path.startswith((".", "/", "~")):
+    path = local_path(data.path)
+    if path is None:
+        rows = _load_hub(data)
+    elif not path.exists():
         raise TrainerSetupError(f"data.path {data.path}: file not found")
     else:
-        rows = _load_hub(data)
-    if data.column_mapping:
-        rows = [{data.column_mapping.get(k, k): v for k, v in r.items()} for r in rows]
+        rows = read_local(path, data.split)
+    rows = [mapped(r, data) for r in rows]
     if not rows:
         raise TrainerSetupError(f"data.path {data.path}: no rows")
     return rows
@@ -96,7 +54,7 @@ def _load_hub(data: DataSection) -> list[dict[str, Any]]:
     except ImportError as e:
         raise TrainerSetupError(
             f"data.path {data.path!r} is not a local file; loading a Hub data set needs `datasets`: "
-            "pip install 'launchgen[data]' (or point data.path at a .jsonl/.json/.parquet file)"
+            f"pip install 'launchgen[data]' (or point data.path at a {'/'.join(LOCAL_SUFFIXES)} file)"
         ) from e
     try:
         ds = datasets.load_dataset(data.path, name=data.config_name, split=data.split)
@@ -183,3 +141,19 @@ class PromptSampler:
                 "resume with the same data, or set resume: never with a fresh output_dir"
             )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
+
+
+def pad_rows(
+    rows: Sequence[Sequence[float]], value: float, left: bool, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """Ragged rows as one (len(rows), longest) tensor padded with `value` on the left or the right."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            t = torch.tensor(r, dtype=dtype)
+            if left:
+                out[i, width - len(r) :] = t
+            else:
+                out[i, : len(r)] = t
+    return out

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from launchgen.trainers.chunked_logps import chunked_logps
 from launchgen.trainers.config import BUILTIN_ATTN, TrainerConfig
+from launchgen.trainers.dynamo_config import raise_recompile_limit, recompile_limit_name
 from launchgen.trainers.errors import TrainerSetupError
 from torch.utils.checkpoint import checkpoint
 
@@ -253,19 +254,6 @@ def resolve_compile(cfg: TrainerConfig, device_type: str, distributed_type: str)
     return CompilePlan(layers=layers, head=cuda)
 
 
-def dynamo_recompile_limit_name() -> str | None:
-    """Dynamo's per-code-object compile limit: `recompile_limit` from torch 2.7, `cache_size_limit` before (the
-    trainers support torch >= 2.6); None without dynamo."""
-    try:
-        import torch._dynamo.config as dynamo_config
-    except Exception:  # no dynamo: nothing is compiled either
-        return None
-    for name in ("recompile_limit", "cache_size_limit"):
-        if isinstance(getattr(dynamo_config, name, None), int):
-            return name
-    return None
-
-
 class _EagerSwitch:
     """Process-wide switch that sends compiled decoder layers back to their eager forward.
 
@@ -302,8 +290,6 @@ class _LayerForward:
 def compile_decoder_layers(model: torch.nn.Module) -> int:
     """torch.compile every decoder layer's forward (regional compilation: the layers share one code object, so
     one graph per grad mode and shape family serves all of them, and the compile costs one layer, not the model)."""
-    import torch._dynamo
-
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None  # type: ignore[operator]
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
@@ -312,10 +298,7 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
         )
     # Dynamo keys its cache on the code object, shared by all layers; if anything in a layer still guards per
     # instance, the default limit (8) would silently leave most layers eager.
-    name = dynamo_recompile_limit_name()
-    if name is not None:
-        cfg = torch._dynamo.config
-        setattr(cfg, name, max(int(getattr(cfg, name)), 4 * len(layers)))
+    raise_recompile_limit(4 * len(layers))
     for layer in layers:
         if isinstance(layer.forward, _LayerForward):
             continue
@@ -343,8 +326,6 @@ def check_liger_compatible(cfg: TrainerConfig) -> None:
         return
     if not torch.cuda.is_available():
         raise TrainerSetupError("model.use_liger_kernel needs a CUDA GPU (Liger's kernels are Triton); set it to false on CPU")
-    if cfg.trainer not in ("grpo", "rloo", "sft"):
-        raise TrainerSetupError(f"model.use_liger_kernel is supported for grpo, rloo and sft, not {cfg.trainer}")
 
 
 def apply_liger(model: PreTrainedModel, cfg: TrainerConfig) -> None:
@@ -410,6 +391,7 @@ class _HeadState:
 
 @functools.cache
 def _compiled_chunk(backend: str) -> Any:
+    recompile_limit_name()  # un-hide the limit dynamo reads on every compile
     return torch.compile(_chunk_logps, dynamic=None, backend=backend)
 
 

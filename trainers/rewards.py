@@ -27,6 +27,10 @@ from launchgen.trainers.errors import TrainerSetupError
 
 RewardFn = Callable[..., list[float | None]]
 
+#: Data columns a built-in reward reads, by reward: it needs one of them (after data.column_mapping). `check`
+#: reads this to refuse data that lacks them; a test keeps it equal to the functions' own parameters.
+BUILTIN_COLUMNS: dict[str, tuple[str, ...]] = {"accuracy": ("answer", "solution")}
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
@@ -103,7 +107,8 @@ def accuracy(
     """1.0 when the completion's final answer equals the reference; None when there is no usable reference."""
     golds = answer if answer is not None else solution
     if golds is None:
-        raise ValueError("the accuracy reward needs an `answer` or `solution` column (see data.column_mapping)")
+        cols = " or ".join(f"`{c}`" for c in BUILTIN_COLUMNS["accuracy"])
+        raise ValueError(f"the accuracy reward needs an {cols} column (see data.column_mapping)")
     out: list[float | None] = []
     for comp, gold in zip(completions, golds, strict=True):
         gold_text = extract_answer(str(gold)) if gold is not None and last_boxed(str(gold)) else (
@@ -173,8 +178,10 @@ def resolve(name: str) -> RewardFn:
     if name in BUILTINS:
         return BUILTINS[name]
     if ":" not in name:
+        package, dot, func = name.rpartition(".")
+        hint = f"; write `{package}:{func}` (a colon before the function)" if dot and package and func else ""
         raise TrainerSetupError(
-            f"rewards: {name!r} is neither a built-in ({', '.join(BUILTINS)}) nor `package.module:function`"
+            f"rewards: {name!r} is neither a built-in ({', '.join(BUILTINS)}) nor `package.module:function`{hint}"
         )
     mod_name, _, attr = name.partition(":")
     try:

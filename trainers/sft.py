@@ -1,8 +1,8 @@
 """SFT: `python -m launchgen.trainers.sft --config run.yaml` (alone, under `accelerate launch`, or in scripts).
 
 The config is `launchgen.trainers.config.TrainerConfig` with `trainer: sft` (data: `messages`, `prompt` +
-`completion`, or `text` rows; `max_length`, `completion_only_loss`); the loop is `launchgen.trainers.supervised`
-(see docs/trainers.md). Exit codes:
+`completion`, or `text` rows; `max_length`, `completion_only_loss`); its data side is `launchgen.trainers.supervised`,
+its loop `launchgen.trainers.core` (see docs/trainers.md). Exit codes:
 
 * 0  finished `max_steps` (final checkpoint and, with `save_final_model`, `output_dir/final` written)
 * 2  config or setup error (one line on stderr naming the field and the fix; no traceback)
@@ -13,11 +13,10 @@ The config is `launchgen.trainers.config.TrainerConfig` with `trainer: sft` (dat
 from __future__ import annotations
 
 from launchgen.trainers.core import entry
-from launchgen.trainers.supervised import SFTTrainer
 
 
 def main(argv: list[str] | None = None) -> int:
-    return entry(argv, "sft", SFTTrainer)
+    return entry(argv, "sft")
 
 
 if __name__ == "__main__":

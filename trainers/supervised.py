@@ -1,8 +1,8 @@
-"""Supervised fine-tuning (`trainer: sft`) on the online-RL core's machinery.
+"""Supervised fine-tuning (`trainer: sft`): its data, tokenization, loss masks and batch source.
 
-`SFTTrainer` subclasses `core.OnlineRLTrainer` and replaces only what differs: its inputs (examples instead of
-prompts and rewards), no reference model, no generation backend, the "generation batch" (the next
-`gradient_accumulation_steps` micro-batches of examples) and the micro-batch loss. Precision, attention/Hub kernels,
+The loop is the shared one (`core.Trainer`) with `objectives.sft.SFTObjective`: what differs from the online
+trainers is only the batch source (`ExampleSource`: the next `gradient_accumulation_steps` micro-batches of
+examples instead of a rollout), no reference model, no generation backend and the loss. Precision, attention/Hub kernels,
 Liger patching, accelerate/DDP/FSDP/DeepSpeed, checkpoints (atomic, pruned, bit-identical resume), USR2/TERM ->
 checkpoint + exit 75, metrics.jsonl/TensorBoard, the progress bar, `final/` and `launchgen-complete.json` are the
 core's.
@@ -29,34 +29,20 @@ to the model's own `labels=` loss, tested) or, with `use_liger_kernel`, Liger's 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.core import OnlineRLTrainer, StepStats, _pad
-from launchgen.trainers.data import PromptSampler, is_conversational, read_rows
+from launchgen.trainers.data import PromptSampler, is_conversational, pad_rows, read_rows
+from launchgen.trainers.datafiles import detect_sft_format as detect_format
 from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.generation.protocol import GenerationOutput, SamplingParams
-from launchgen.trainers.rewards import LoadedReward
+from launchgen.trainers.passes import RowLayout
+
+if TYPE_CHECKING:
+    from launchgen.trainers.objectives.base import Geometry
 
 FORMATS = ("messages", "prompt_completion", "text")
 IGNORE_INDEX = -100
-
-
-def detect_format(row: dict[str, Any], prompt_column: str) -> str:
-    if "messages" in row:
-        return "messages"
-    if prompt_column in row and "completion" in row:
-        return "prompt_completion"
-    if "text" in row:
-        return "text"
-    raise TrainerSetupError(
-        f"data: sft needs a `messages` column (chat), `{prompt_column}` + `completion` columns, or a `text` column; "
-        f"found {', '.join(sorted(row)) or 'none'}: rename with data.column_mapping (or set data.prompt_column)"
-    )
 
 
 def _messages(value: Any, what: str) -> list[dict[str, Any]]:
@@ -185,19 +171,6 @@ def tokenize_example(
     return ids, mask
 
 
-class _NoGeneration:
-    """SFT does not generate; the loop's backend slot holds this (weights never need pushing anywhere)."""
-
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        raise RuntimeError("sft does not generate")
-
-    def sync_weights(self, named_params: Iterator[tuple[str, torch.Tensor]]) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 def make_liger_ce_loss() -> Any:
     """Liger's fused linear cross entropy (sum over targets != -100), called by the log-prob head's liger mode."""
     from launchgen.trainers.modeling import _import_liger
@@ -237,41 +210,40 @@ def sequence_nll(
     return -(out.logits * m.to(out.logits.dtype)).sum(), entropy
 
 
-class SFTTrainer(OnlineRLTrainer):
-    """The online-RL loop with examples instead of generations; see the module docstring."""
+#: Examples are right-padded: a pass keeps the columns up to its longest example.
+SFT_LAYOUT = RowLayout(ids_key="input_ids", mask_key="attention_mask",
+                       trim_keys=("input_ids", "attention_mask", "loss_mask"))
 
-    def validate_config(self, num_processes: int) -> None:
-        cfg = self.cfg
-        if cfg.trainer != "sft":
-            raise TrainerSetupError(f"trainer {cfg.trainer!r} is not run by launchgen.trainers.sft")
-        if cfg.steps_per_generation not in (None, cfg.gradient_accumulation_steps) or cfg.num_iterations != 1:
-            raise TrainerSetupError(
-                "steps_per_generation and num_iterations are online-RL settings: leave them unset for sft"
-            )
-        if cfg.model.use_liger_kernel:
-            from launchgen.trainers.modeling import check_liger_compatible
 
-            check_liger_compatible(cfg)
+class ExampleSource:
+    """SFT's batch source: the next optimizer step's `gradient_accumulation_steps` micro-batches of examples."""
 
-    def load_inputs(self) -> None:
-        cfg = self.cfg
+    layout = SFT_LAYOUT
+    progress_keys = ("loss",)
+    backend = None  # sft does not generate
+    needs_weight_sync = False
+
+    def __init__(self, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> None:
+        self.cfg, self.accelerator, self.geometry = cfg, accelerator, geometry
         self.rows = read_rows(cfg.data)
         self.format = detect_format(self.rows[0], cfg.data.prompt_column)
         self.sampler = PromptSampler(len(self.rows), cfg.seed, cfg.data.shuffle)
-        self.rewards: list[LoadedReward] = []
-        self.reward_weights = torch.zeros(0)
         self._examples: dict[int, tuple[list[int], list[int]]] = {}
         self.num_tokens = 0.0
-        self.sft_liger = make_liger_ce_loss() if cfg.model.use_liger_kernel else None
 
-    def after_tokenizer(self) -> None:
+    def after_tokenizer(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
         self._example(0)  # a malformed first row or an unusable template fails before the model loads
 
-    def needs_reference(self) -> bool:
-        return False
+    def start(self, model: Any, ref_model: Any, compiled_layers: bool) -> None:
+        return None
 
-    def make_generation_backend(self) -> Any:
-        return _NoGeneration()
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.sampler.state_dict(), "num_tokens": self.num_tokens}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.num_tokens = float(state.get("num_tokens", 0.0))
 
     def _example(self, idx: int) -> tuple[list[int], list[int]]:
         ex = self._examples.get(idx)
@@ -285,27 +257,19 @@ class SFTTrainer(OnlineRLTrainer):
             self._examples[idx] = ex
         return ex
 
-    def _trainer_state(self) -> dict[str, Any]:
-        return dict(super()._trainer_state(), num_tokens=self.num_tokens)
-
-    def _resume(self, path: Any) -> None:
-        super()._resume(path)
-        self.num_tokens = float(json.loads((path / ckpt.STATE_FILE).read_text()).get("num_tokens", 0.0))
-
-    def generate_batch(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
-        """The next optimizer step's `gradient_accumulation_steps` micro-batches (the loop's "generation batch")."""
-        acc = self.accelerator
+    def next_batches(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        acc, g = self.accelerator, self.geometry
         dev = acc.device
-        idx = self.sampler.take(self.global_gen)  # identical on every rank
-        local = idx[acc.process_index * self.local_gen : (acc.process_index + 1) * self.local_gen]
+        idx = self.sampler.take(g.global_gen)  # identical on every rank
+        local = idx[acc.process_index * g.local_gen : (acc.process_index + 1) * g.local_gen]
         pad = self.tokenizer.pad_token_id
         batches: list[dict[str, Any]] = []
-        for s in range(self.spg):
-            exs = [self._example(i) for i in local[s * self.B : (s + 1) * self.B]]
+        for s in range(g.spg):
+            exs = [self._example(i) for i in local[s * g.B : (s + 1) * g.B]]
             batches.append({
-                "input_ids": _pad([e[0] for e in exs], pad, left=False).to(dev),
-                "attention_mask": _pad([[1] * len(e[0]) for e in exs], 0, left=False).to(dev),
-                "loss_mask": _pad([e[1] for e in exs], 0, left=False).to(dev),
+                "input_ids": pad_rows([e[0] for e in exs], pad, left=False).to(dev),
+                "attention_mask": pad_rows([[1] * len(e[0]) for e in exs], 0, left=False).to(dev),
+                "loss_mask": pad_rows([e[1] for e in exs], 0, left=False).to(dev),
             })
         counts = torch.tensor(
             [sum(float(b["loss_mask"][:, 1:].sum()) for b in batches), sum(float(b["attention_mask"].sum()) for b in batches)],
@@ -318,35 +282,3 @@ class SFTTrainer(OnlineRLTrainer):
             b["num_items_in_batch"] = n_items
         self.num_tokens += float(counts[1].item())
         return batches, {"num_tokens": self.num_tokens}
-
-    def batch_rows(self, mb: dict[str, Any]) -> int:
-        return int(mb["input_ids"].size(0))
-
-    def row_width(self, mb: dict[str, Any]) -> int:
-        return int(mb["input_ids"].size(1))
-
-    # Examples are right-padded: a pass keeps the columns up to its longest example.
-    PASS_TRIM_KEYS = ("input_ids", "attention_mask", "loss_mask")
-
-    def row_lengths(self, mb: dict[str, Any]) -> torch.Tensor:
-        return mb["attention_mask"].sum(1)
-
-    def trim_width(self, mb: dict[str, Any]) -> int:
-        return int(mb["input_ids"].size(1))
-
-    def loss_share(self, part: dict[str, Any], mb: dict[str, Any]) -> float:
-        return 1.0  # the loss is a token sum over the step's global token count: passes just add up
-
-    def micro_loss(self, mb: dict[str, Any], stats: StepStats) -> torch.Tensor:
-        nll, entropy = sequence_nll(self.model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"], self.sft_liger)
-        m = mb["loss_mask"][:, 1:].float()
-        if entropy is not None:
-            stats.add_mean("entropy", (entropy * m).sum(), m.sum())
-        # Divided by the step's trained tokens on all processes / n_proc: DDP's gradient mean makes it the global mean.
-        return nll / (mb["num_items_in_batch"].to(nll.dtype) / self.accelerator.num_processes)
-
-
-def run(cfg: TrainerConfig) -> int:
-    from launchgen.trainers.core import run as core_run
-
-    return core_run(cfg, SFTTrainer)

@@ -81,6 +81,7 @@ class LaunchgenGroup(click.Group):
             raise click.exceptions.Exit(130) from None
         except Exception as exc:
             from launchgen.issues import SpecError
+            from launchgen.visible import visible
 
             if isinstance(exc, SpecError):
                 for issue in exc.issues:
@@ -90,9 +91,9 @@ class LaunchgenGroup(click.Group):
                 raise
             if isinstance(exc, OSError):
                 name = f" {exc.filename}" if exc.filename else ""
-                click.echo(f"launchgen: error:{name}: {exc.strerror or exc}", err=True)
+                click.echo(visible(f"launchgen: error:{name}: {exc.strerror or exc}"), err=True)
                 raise click.exceptions.Exit(2) from None
-            click.echo(f"launchgen: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(visible(f"launchgen: internal error: {type(exc).__name__}: {exc}"), err=True)
             click.echo("launchgen: run with LAUNCHGEN_DEBUG=1 for the traceback", err=True)
             raise click.exceptions.Exit(1) from None
 

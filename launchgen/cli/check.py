@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from launchgen.checks import has_errors
@@ -11,20 +13,23 @@ from launchgen.cli.common import (
     emit_json,
     issue_dict,
     print_issues,
-    spec_argument,
     strict_option,
     summary,
 )
+from launchgen.visible import visible
 
 HELP = """\
-Check SPEC: field rules, cross-field checks (GPUs, TP/DP, ports, modes, kernels, precision, versions) and the plan.
+Check each SPEC (`-` reads the spec from stdin): field rules, cross-field checks (GPUs, TP/DP, ports, modes, kernels, precision, versions) and the plan.
 
 Each problem is one line on stderr: `file:line: severity CODE [field] message Fix: ...`
-(docs/check-codes.md explains every code). Exit 0 when there is no error (warnings allowed), 2 otherwise.
+(docs/check-codes.md explains every code). Exit 0 when no spec has an error (warnings allowed), 2 otherwise.
+With several specs and --format json, stdout is one object {"ok": ..., "specs": [one object per spec]}.
 
 \b
 Examples:
   launchgen check topology.yaml
+  launchgen check a.yaml b.yaml                     # several at once
+  launchgen init - | launchgen check -              # from stdin
   launchgen check topology.yaml --strict            # warnings fail too (CI)
   launchgen check topology.yaml --live              # also ask sinfo, nvidia-smi, the installed packages
   launchgen check topology.yaml --explain           # print the plan (node x GPU map, ports) when it is valid
@@ -33,7 +38,8 @@ Examples:
 
 
 @click.command("check", help=HELP)
-@spec_argument
+@click.argument("specs", metavar="SPEC...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, allow_dash=True, path_type=str))
 @click.option("--live", is_flag=True,
               help="Also probe this host and cluster: sinfo GPUs per node, installed versions, bf16 support, "
               "free ports, offline caches. Probes that cannot run are reported as skipped.")
@@ -41,21 +47,29 @@ Examples:
 @click.option("--explain", is_flag=True, help="Print the resolved plan (per-node GPU map and port plan).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object on stdout with every issue and a summary.")
-def command(spec: str, live: bool, strict: bool, explain: bool, fmt: str) -> None:
+def command(specs: tuple[str, ...], live: bool, strict: bool, explain: bool, fmt: str) -> None:
+    if specs.count("-") > 1:
+        raise click.UsageError("stdin (`-`) can be read only once")
+    results = [_check_one(spec, live=live, strict=strict, explain=explain, fmt=fmt) for spec in specs]
+    failed = not all(r["ok"] for r in results)
+    if fmt == "json":
+        emit_json(results[0] if len(results) == 1 else {"ok": not failed, "specs": results})
+    if failed:
+        raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+
+
+def _check_one(spec: str, *, live: bool, strict: bool, explain: bool, fmt: str) -> dict[str, Any]:
     _loaded, plan, issues = collect(spec, strict=strict, live=live)
     failed = has_errors(issues) or plan is None
-    if fmt == "json":
-        emit_json({"spec": spec, "ok": not failed, "summary": summary(issues),
-                   "issues": [issue_dict(i) for i in issues]})
-    else:
+    if fmt == "text":
         print_issues(issues)
         counts = summary(issues)
         status = "FAILED" if failed else "ok"
-        click.echo(f"{spec}: {status} ({counts['error']} error(s), {counts['warning']} warning(s), "
+        name = "<stdin>" if spec == "-" else visible(spec)
+        click.echo(f"{name}: {status} ({counts['error']} error(s), {counts['warning']} warning(s), "
                    f"{counts['info']} info)", err=True)
         if explain and plan is not None:
             from launchgen.planview import print_plan
 
             print_plan(plan)
-    if failed:
-        raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+    return {"spec": spec, "ok": not failed, "summary": summary(issues), "issues": [issue_dict(i) for i in issues]}

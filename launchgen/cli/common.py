@@ -68,7 +68,7 @@ def collect(path: str, *, strict: bool = False, live: bool = False) -> tuple[Loa
         loaded = load(path)
     except SpecError as exc:
         return None, None, list(exc.issues)
-    plan, issues = run_checks(loaded, strict=strict)
+    plan, issues = run_checks(loaded, strict=strict, files=True)
     if live:
         from launchgen.live import live_checks
 

@@ -1,4 +1,4 @@
-"""`launchgen logs JOBID --role server|trainer`: print one role's log of one attempt."""
+"""`launchgen logs JOBID --role server|trainer|batch`: print one role's log of one attempt (or the batch log)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,25 @@ import sys
 
 import click
 
-from launchgen.status import StatusError, collect, select_log, tail
+from launchgen.follow import Target, follow
+from launchgen.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
 
 
 @click.command("logs")
 @click.argument("job_id")
-@click.option("--role", type=click.Choice(["server", "trainer"]), required=True)
+@click.option("--role", type=click.Choice([*ROLES, BATCH_ROLE]), required=True,
+              help=f"A step's log, or {BATCH_ROLE}: the batch script's own output (sbatch --output).")
 @click.option("--node", default=None, help="Node name (e.g. node2) or position among the role's nodes (0, 1, ...).")
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Attempt number; default: the latest.")
 @click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True, help="0 prints the whole log.")
 @click.option("--job-dir", type=click.Path(file_okay=False), default=None,
               help="The job's output directory, when the scheduler no longer knows the job.")
 @click.option("--path-only", is_flag=True, help="Print the log's path instead of its lines.")
+@click.option("-f", "--follow", "follow_", is_flag=True,
+              help="Keep printing what is appended until the job is over (a requeued job's next attempt is "
+              "followed too, unless --attempt is given); Ctrl-C stops.")
 def command(job_id: str, role: str, node: str | None, attempt: int | None, lines: int, job_dir: str | None,
-            path_only: bool) -> None:
+            path_only: bool, follow_: bool) -> None:
     """Print the last lines of a role's log (one file per role, node and attempt).
 
     Examples:
@@ -27,7 +32,14 @@ def command(job_id: str, role: str, node: str | None, attempt: int | None, lines
       launchgen logs 1234 --role server
 
       launchgen logs 1234 --role trainer --node node2 --attempt 0 -n 200
+
+      launchgen logs 1234 --role trainer -f          # follow while it runs
+
+      launchgen logs local --role trainer -f         # a `render --bash` run, from its job directory
     """
+    if follow_ and not path_only:
+        _follow(job_id, job_dir, role, node, attempt, lines)
+        return
     try:
         st = collect(job_id, job_dir, lines=0)
         lg = select_log(st, role, node, attempt)
@@ -40,3 +52,34 @@ def command(job_id: str, role: str, node: str | None, attempt: int | None, lines
     click.echo(f"==> {lg.path} (attempt {lg.attempt}, {lg.role} on {lg.node}) <==", err=True)
     for line in tail(lg.path, lines):
         click.echo(line)
+
+
+def _target(job_id: str, job_dir: str | None, role: str, node: str | None, attempt: int | None,
+            first: bool) -> Target:
+    """The log to follow now; None while the role has no log yet (an error then only if the job is over)."""
+    st = collect(job_id, job_dir, lines=0)
+    try:
+        return Target(select_log(st, role, node, attempt).path, st.over)
+    except StatusError:
+        if first and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
+            raise
+        return Target(None, st.over)
+
+
+def _follow(job_id: str, job_dir: str | None, role: str, node: str | None, attempt: int | None, lines: int) -> None:
+    try:
+        first = _target(job_id, job_dir, role, node, attempt, first=True)
+    except StatusError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+    def state() -> Target:
+        try:
+            return _target(job_id, job_dir, role, node, attempt, first=False)
+        except StatusError:
+            return Target(None, True)
+
+    if first.path:
+        click.echo(f"==> {first.path} (following; Ctrl-C stops) <==", err=True)
+    follow(first, state, emit=click.echo, note=lambda m: click.echo(f"==> {m} <==", err=True), lines=lines)
+    click.echo("==> the job is over <==", err=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from launchgen.cli.common import EXIT_SPEC_ERROR, load_and_check, print_issues, spec_argument, strict_option
+from launchgen.visible import visible
 
 HELP = """\
 Render SPEC into a job script: an sbatch script (default) or, with --bash, a bash script for one machine with
@@ -48,10 +49,10 @@ def command(spec: str, bash_mode: bool, output: str | None, force: bool, strict:
         return
     path = Path(output)
     if path.exists() and not force:
-        click.echo(f"launchgen: {output} exists; pass --force to overwrite it", err=True)
+        click.echo(visible(f"launchgen: {output} exists; pass --force to overwrite it"), err=True)
         raise click.exceptions.Exit(EXIT_SPEC_ERROR)
     tmp = path.with_name(f".{path.name}.launchgen-tmp")
     tmp.write_text(text)
     tmp.chmod(0o755)
     os.replace(tmp, path)
-    click.echo(f"launchgen: wrote {output}", err=True)
+    click.echo(visible(f"launchgen: wrote {output}"), err=True)

@@ -7,8 +7,17 @@ import sys
 import time
 
 import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
-from launchgen.status import JobStatus, StatusError, collect
+from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
+from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
+from launchgen.tables import print_table, print_text
+from launchgen.visible import visible
+
+#: exit status of `launchgen status` for a job that is over and did not complete (2 is bad usage)
+EXIT_JOB_FAILED = EXIT_STATUS_JOB_FAILED
 
 
 def _ts(v: float | None) -> str:
@@ -24,64 +33,79 @@ def _rel(path: str | None, job_dir: str | None) -> str:
     return path
 
 
-def _print_rich(st: JobStatus) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _scheduler_line(sch: SchedulerInfo) -> str:
+    bits = [f"state {sch.state}", f"exit {sch.exit_code}:{sch.exit_signal}"]
+    if sch.reason:
+        bits.append(f"reason {sch.reason}")
+    if sch.run_time:
+        bits.append(f"ran {sch.run_time} of {sch.time_limit}")
+    if sch.restarts is not None:
+        bits.append(f"restarts {sch.restarts}")
+    if sch.node_list:
+        bits.append(f"nodes {sch.node_list}")
+    return f"scheduler ({sch.source}): " + ", ".join(bits)
 
-    con = Console()
+
+def _header(con: Console, st: JobStatus) -> None:
     sch = st.scheduler
-    con.print(f"[bold]job {st.job_id}[/bold]" + (f" ({sch.job_name})" if sch and sch.job_name else ""))
-    con.print(st.summary)
+    name = f" ({sch.job_name})" if sch and sch.job_name else ""
+    print_text(con, f"job {st.job_id}{name}" + (": FAILED" if st.failed else ""))
+    print_text(con, st.summary)
     if sch is not None:
-        bits = [f"state {sch.state}", f"exit {sch.exit_code}:{sch.exit_signal}"]
-        if sch.reason:
-            bits.append(f"reason {sch.reason}")
-        if sch.run_time:
-            bits.append(f"ran {sch.run_time} of {sch.time_limit}")
-        if sch.restarts is not None:
-            bits.append(f"restarts {sch.restarts}")
-        if sch.node_list:
-            bits.append(f"nodes {sch.node_list}")
-        con.print(f"scheduler ({sch.source}): " + ", ".join(bits))
-    con.print(f"accounting (sacct): {st.accounting}")
-    con.print(f"job dir: {st.job_dir or '(not found: pass --job-dir)'}")
+        print_text(con, _scheduler_line(sch))
+    print_text(con, f"accounting (sacct): {st.accounting}")
+    print_text(con, f"job dir: {st.job_dir or '(not found: pass --job-dir)'}")
+    if st.batch_log:
+        print_text(con, f"batch log: {st.batch_log}")
     if st.attempt is not None:
-        con.print(f"attempt: {st.attempt}" + (f" (attempts seen: {', '.join(map(str, st.attempts))})"
-                                               if len(st.attempts) > 1 else ""))
+        print_text(con, f"attempt: {st.attempt}" + (f" (attempts seen: {', '.join(map(str, st.attempts))})"
+                                                      if len(st.attempts) > 1 else ""))
     if st.last_health is not None:
         h = st.last_health
-        con.print(f"last health check: {'ok' if h.ok else 'FAILED'} at {_ts(h.at)}"
-                  + (f" ({h.message})" if h.message else ""))
+        print_text(con, f"last health check: {'ok' if h.ok else 'FAILED'} at {_ts(h.at)}"
+                   + (f" ({h.message})" if h.message else ""))
 
+
+def _tables(st: JobStatus) -> list[Table]:
     t = Table(title="roles (this attempt)")
     for col in ("role", "nodes", "state", "how", "exit", "ended", "log"):
-        t.add_column(col, overflow="fold")
+        t.add_column(col)
     for r in st.roles:
         first = " (first)" if st.first_to_end == r.role else ""
-        t.add_row(r.role + first, ", ".join(r.nodes), r.state, r.how,
-                  "" if r.exit_code is None else str(r.exit_code), _ts(r.ended_at), _rel(r.log, st.job_dir))
-    con.print(t)
+        t.add_row(r.role + first, ", ".join(r.nodes), r.state, escape(visible(r.how)),
+                  "" if r.exit_code is None else str(r.exit_code), _ts(r.ended_at),
+                  escape(visible(_rel(r.log, st.job_dir))))
+    tables = [t]
     if st.steps:
         s = Table(title="steps (sacct)")
         for col in ("step", "name", "role", "state", "exit", "end", "nodes"):
             s.add_column(col)
         for x in st.steps:
-            s.add_row(x.step_id, x.name, x.role or "", x.state, f"{x.exit_code}:{x.exit_signal}", x.end or "",
+            s.add_row(x.step_id, escape(x.name), x.role or "", x.state, f"{x.exit_code}:{x.exit_signal}", x.end or "",
                       x.node_list or "")
-        con.print(s)
+        tables.append(s)
     if st.logs:
         lt = Table(title="logs")
         for col in ("attempt", "role", "node", "bytes", "path"):
-            lt.add_column(col, overflow="fold")
+            lt.add_column(col)
         for lg in st.logs:
-            lt.add_row(str(lg.attempt), lg.role, lg.node, str(lg.size), _rel(lg.path, st.job_dir))
-        con.print(lt)
+            lt.add_row(str(lg.attempt), lg.role, lg.node, str(lg.size), escape(_rel(lg.path, st.job_dir)))
+        tables.append(lt)
+    return tables
+
+
+def _print_rich(st: JobStatus) -> None:
+    con = Console()
+    _header(con, st)
+    for table in _tables(st):
+        # piped (a mail, a grep, a CI log): one record a line, whatever the width
+        print_table(con, table, records_only=not con.is_terminal)
     for n in st.notes:
-        con.print(f"note: {n}")
+        print_text(con, f"note: {n}")
     if st.failed_log:
-        con.print(f"[bold]last {len(st.failed_log_tail)} lines of {st.failed_log}[/bold]")
+        print_text(con, f"last {len(st.failed_log_tail)} lines of {st.failed_log}:")
         for line in st.failed_log_tail:
-            con.print(line, markup=False, highlight=False)
+            con.print(visible(line), markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command("status")
@@ -92,7 +116,13 @@ def _print_rich(st: JobStatus) -> None:
 @click.option("-n", "--lines", type=click.IntRange(min=0), default=20, show_default=True,
               help="Lines of the failed role's log to show.")
 def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
-    """Which role ended first and how, the last health check, the attempt, every log.
+    """Which role ended first and how, the last health check, the attempt, every log; for a failed job the log
+    that explains it (the batch log when no step log does).
+
+    JOB_ID is the SLURM job id, or `local` for a `render --bash` run (run it in the job directory, or in the
+    directory above launchgen-runs/local, or pass --job-dir). Exit status: 0 running or completed, 3 the job is
+    over and did not complete (FAILED, TIMEOUT, CANCELLED, ...; a local run that exited non-zero), 2 bad usage.
+    Tables that do not fit the terminal (or a pipe's 80 columns) are printed one record a line.
 
     Works while the job runs and after it ends. Examples:
 
@@ -101,6 +131,8 @@ def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
       launchgen status 1234 --format json | jq .summary
 
       launchgen status 1234 --job-dir launchgen-runs/1234
+
+      launchgen status local
     """
     try:
         st = collect(job_id, job_dir, lines)
@@ -111,3 +143,5 @@ def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
         click.echo(json.dumps(st.to_dict(), indent=2))
     else:
         _print_rich(st)
+    if st.failed:
+        sys.exit(EXIT_JOB_FAILED)

@@ -255,7 +255,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_03CFE7D3EFAD0945
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4293781222B83628'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_E72D3E9397D57527'
 {
   "exit_server_failed": 1,
   "job_name": "rloo-colocate",
@@ -314,6 +314,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4293781222B83628'
       "var": "LG_COLOCATE_MASTER_PORT"
     }
   ],
+  "record_version": 1,
   "server": null,
   "signal_grace": 120,
   "spec_hash": "8fff8663bf062e018937533a28c5594dfc5418cf53ec2f1baca378b5f226fd9a",
@@ -350,7 +351,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4293781222B83628'
   },
   "vllm_mode": "colocate"
 }
-LAUNCHGEN_EOF_4293781222B83628
+LAUNCHGEN_EOF_E72D3E9397D57527
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_0E6EFB60113D74BD'
 #!/bin/bash

@@ -244,7 +244,7 @@ same_network: true
 use_cpu: true
 LAUNCHGEN_EOF_7310F52A7F05C6E8
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_9B2A41965D93E0EB'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_DFB5371EC5B13956'
 {
   "exit_server_failed": 1,
   "job_name": "cpu-quickstart",
@@ -287,6 +287,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_9B2A41965D93E0EB'
       "var": "LG_MAIN_PROCESS_PORT"
     }
   ],
+  "record_version": 1,
   "server": null,
   "signal_grace": 120,
   "spec_hash": "8ee1bfb4d80d7981762bcd5a36cf6e074dc23500a2d28b380ec1e18a3f4d6ea9",
@@ -323,7 +324,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_9B2A41965D93E0EB'
   },
   "vllm_mode": "none"
 }
-LAUNCHGEN_EOF_9B2A41965D93E0EB
+LAUNCHGEN_EOF_DFB5371EC5B13956
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_10846F646F4114FE'
 #!/bin/bash

@@ -259,7 +259,7 @@ same_network: true
 use_cpu: true
 LAUNCHGEN_EOF_7310F52A7F05C6E8
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7FEABC4084C65925'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_1050D3BED4E53B24'
 {
   "exit_server_failed": 1,
   "job_name": "cpu-server",
@@ -317,6 +317,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7FEABC4084C65925'
       "var": "LG_GROUP_PORT"
     }
   ],
+  "record_version": 1,
   "server": {
     "argv": [
       [
@@ -395,7 +396,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7FEABC4084C65925'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_7FEABC4084C65925
+LAUNCHGEN_EOF_1050D3BED4E53B24
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_E5195CC3C6EBB5A9'
 #!/bin/bash

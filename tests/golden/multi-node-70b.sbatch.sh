@@ -280,7 +280,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_DF363D428BE8DE27
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_36B1A32AF3C7CF00'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_D3099C20841435C2'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-70b",
@@ -422,6 +422,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_36B1A32AF3C7CF00'
       "var": "LG_GROUP_PORT"
     }
   ],
+  "record_version": 1,
   "server": {
     "argv": [
       [
@@ -501,7 +502,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_36B1A32AF3C7CF00'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_36B1A32AF3C7CF00
+LAUNCHGEN_EOF_D3099C20841435C2
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_AC1DB54F8A151622'
 #!/bin/bash

@@ -244,7 +244,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_90B91ED97DF5A3BB
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4C92D3512C9764CF'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_850251A3608A8024'
 {
   "exit_server_failed": 1,
   "job_name": "sft",
@@ -315,6 +315,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4C92D3512C9764CF'
       "var": "LG_MAIN_PROCESS_PORT"
     }
   ],
+  "record_version": 1,
   "server": null,
   "signal_grace": 120,
   "spec_hash": "fd33dc56cb897e27b7829d159f904997dfbf9c06d3a04b5430edf61ed7633685",
@@ -352,7 +353,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4C92D3512C9764CF'
   },
   "vllm_mode": "none"
 }
-LAUNCHGEN_EOF_4C92D3512C9764CF
+LAUNCHGEN_EOF_850251A3608A8024
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_7D657FF91D684665'
 #!/bin/bash

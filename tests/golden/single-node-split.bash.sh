@@ -262,7 +262,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_45CBCA8A07BEF650'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_381FD946E091F7AA'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -330,6 +330,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_45CBCA8A07BEF650'
       "var": "LG_GROUP_PORT"
     }
   ],
+  "record_version": 1,
   "server": {
     "argv": [
       [
@@ -405,7 +406,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_45CBCA8A07BEF650'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_45CBCA8A07BEF650
+LAUNCHGEN_EOF_381FD946E091F7AA
 
 cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_37E452B8BC4C2130'
 #!/bin/bash

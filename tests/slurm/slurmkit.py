@@ -164,9 +164,12 @@ class Job:
 
 
 def launchgen_cmd(cluster: Cluster) -> list[str]:
-    """The CLI as installed (console script), else the same entry point through this interpreter."""
-    exe = shutil.which("launchgen")
-    return [exe] if exe else [cluster.python, "-c", "from launchgen.cli import main; main()"]
+    """The CLI as installed in the jobs' environment (the console script beside its interpreter), exactly as a user
+    runs it; never whatever `launchgen` PATH happens to hold."""
+    exe = Path(cluster.python).parent / "launchgen"
+    if not exe.is_file():
+        raise AssertionError(f"launchgen is not installed beside {cluster.python}: pip install -e '.[dev]'")
+    return [str(exe)]
 
 
 def render(cluster: Cluster, spec: dict[str, Any], workdir: Path, name: str = "spec.yaml") -> Path:

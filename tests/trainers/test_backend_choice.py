@@ -8,11 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.config import TrainerConfig  # noqa: E402
-from launchgen.trainers.core import _static_cache_fits, make_backend  # noqa: E402
+import torch
+from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.generation.backends import _static_cache_fits, make_backend
 
 
 def _cfg(model_dir: Path, engine: str) -> TrainerConfig:

@@ -45,7 +45,7 @@ def test_clean_name_strips_wrappers_only() -> None:
 
 
 def test_iter_full_named_params_plain_model() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
     from launchgen.trainers.weights import iter_full_named_params
 
     m = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))

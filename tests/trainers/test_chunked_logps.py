@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers import chunked_logps as cl  # noqa: E402
+import torch
+from launchgen.trainers import chunked_logps as cl
 
 
 def _reference(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor, temp: float

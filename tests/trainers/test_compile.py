@@ -11,11 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
 import torch
 from toy_runs import read_metrics, run_cfg, toy_cfg
 
@@ -121,12 +118,13 @@ def test_generation_runs_layers_eagerly(dynamo_eager: Any, tiny_model_dir: Path)
 def test_grpo_run_with_compiled_layers_matches_plain(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dynamo_eager: Any
 ) -> None:
-    from launchgen.trainers import core, modeling
+    from launchgen.trainers import modeling
+    from launchgen.trainers.generation import backends
 
     monkeypatch.syspath_prepend(str(HERE))
     # Generation must run the layers eagerly when they are compiled: record the switch at every generate call.
     eager_at_generate: list[int] = []
-    make_backend = core.make_backend
+    make_backend = backends.make_backend
 
     def spying(*args: Any) -> Any:
         backend = make_backend(*args)
@@ -139,7 +137,7 @@ def test_grpo_run_with_compiled_layers_matches_plain(
         backend.generate = gen
         return backend
 
-    monkeypatch.setattr(core, "make_backend", spying)
+    monkeypatch.setattr(backends, "make_backend", spying)
     common: dict[str, Any] = {"num_generations": 4, "per_device_train_batch_size": 8, "max_steps": 3, "beta": 0.04}
     runs = {}
     depths = {}
@@ -158,13 +156,40 @@ def test_grpo_run_with_compiled_layers_matches_plain(
             assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (key, a[key], b[key])
 
 
-def test_compiling_layers_raises_the_recompile_limit(monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path,
-                                                     dynamo_eager: Any) -> None:
+def test_compiling_layers_raises_the_recompile_limit(tiny_model_dir: Path, dynamo_eager: Any) -> None:
     import torch._dynamo.config as dynamo_config
+    from launchgen.trainers import dynamo_config as ours
     from launchgen.trainers import modeling
 
-    name = modeling.dynamo_recompile_limit_name()
+    name = ours.recompile_limit_name()
     assert name in ("recompile_limit", "cache_size_limit")
-    monkeypatch.setattr(dynamo_config, name, 2)
-    model = modeling.load_model(_cfg(tiny_model_dir), trainable=True, compile=modeling.CompilePlan(True, False))
-    assert getattr(dynamo_config, name) == 4 * len(model.get_decoder().layers)
+    # config.patch restores the old value exactly; monkeypatch's undo would *delete* it (torch's config module
+    # keeps settings outside its __dict__), which hides the setting from every later compile in the process.
+    with dynamo_config.patch({name: 2}):
+        model = modeling.load_model(_cfg(tiny_model_dir), trainable=True, compile=modeling.CompilePlan(True, False))
+        assert getattr(dynamo_config, name) == 4 * len(model.get_decoder().layers)
+
+
+def test_a_hidden_recompile_limit_is_restored_and_compiling_still_works(tiny_model_dir: Path, dynamo_eager: Any,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """What a user's `mock.patch` of the limit leaves behind: the setting deleted, so hidden."""
+    import torch._dynamo.config as dynamo_config
+    from launchgen.trainers import dynamo_config as ours
+    from launchgen.trainers import modeling
+
+    name = ours.recompile_limit_name()
+    assert name is not None
+    default = getattr(dynamo_config, name)
+    with dynamo_config.patch({name: default}):  # restores (and so un-hides) it whatever the test does
+        delattr(dynamo_config, name)
+        with pytest.raises(AttributeError):
+            getattr(dynamo_config, name)
+        with caplog.at_level("WARNING", logger="launchgen.trainers.dynamo_config"):
+            model = modeling.load_model(_cfg(tiny_model_dir), trainable=True,
+                                        compile=modeling.CompilePlan(True, False))
+        assert "had been deleted" in caplog.text
+        assert getattr(dynamo_config, name) >= 4 * len(model.get_decoder().layers)
+        ids = torch.tensor([[1, 2, 3, 4]])
+        with torch.no_grad():
+            model(input_ids=ids)
+    assert dynamo_eager["stats"]["unique_graphs"] >= 1  # it compiled, not fell back to eager

@@ -20,7 +20,7 @@ def _write(tmp_path: Path, kind: str) -> Path:
     elif kind == "json":
         p.write_text(json.dumps({"data": ROWS}))
     else:
-        pa = pytest.importorskip("pyarrow")
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         pq.write_table(pa.Table.from_pylist(ROWS), p)
@@ -86,7 +86,7 @@ def test_sampler_is_seeded_resumable_and_covers_each_epoch() -> None:
 
 
 def test_hub_dataset_with_split_config_and_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
     calls: dict[str, object] = {}
 
     def fake_load(path: str, name: str | None = None, split: str | None = None):

@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from launchgen.trainers.generation.fast_generate import FastGenerateBackend  # noqa: E402
-from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams  # noqa: E402
+import torch
+import transformers
+from launchgen.trainers.generation.fast_generate import FastGenerateBackend
+from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
 
 TEXTS = ["What is 2 + 3?", "hello", "The quick brown fox jumps over", "Compute 7 * 6."]
 
@@ -65,7 +63,7 @@ def test_is_a_generation_backend(qwen: tuple[Any, Any]) -> None:
 
 def test_grouped_query_attention_matches_repeated_kv() -> None:
     """The decode attention reads each K/V head once; it must equal SDPA over repeated K/V (HF's path)."""
-    from launchgen.trainers.generation.fast_generate import _gqa_sdpa
+    from launchgen.trainers.generation.fast_generate.attention import _gqa_sdpa
 
     g = torch.Generator().manual_seed(0)
     for q_len in (1, 5):
@@ -202,7 +200,7 @@ def test_training_mode_and_checkpointing_are_restored(tiny_model_dir: Path) -> N
 
 
 def test_logprobs_match_the_trainers_own_per_token_logps(qwen: tuple[Any, Any]) -> None:
-    modeling = pytest.importorskip("launchgen.trainers.modeling")
+    from launchgen.trainers import modeling
     model, tok = qwen
     prompts = [p for p in _prompts(tok) for _ in range(2)]
     out = FastGenerateBackend(model, tok).generate(
@@ -412,7 +410,11 @@ def _decode_inputs(model: Any, seed: int = 0) -> dict[str, Any]:
 
 def _fused_layer_call(model: Any, layer_idx: int, x: dict[str, Any], fn: Any = None,
                       cos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer, _fused_spec, _layer_weights
+    from launchgen.trainers.generation.fast_generate.fused import (
+        _fused_decoder_layer,
+        _fused_spec,
+        _layer_weights,
+    )
 
     spec = _fused_spec(model.model, model.lm_head, model.config, torch.device("cpu"))
     assert not isinstance(spec, str), spec
@@ -490,7 +492,7 @@ def test_fused_and_modules_paths_agree_bitwise_on_cpu(qwen: tuple[Any, Any]) -> 
 def test_fused_layer_compiles_to_one_graph_for_every_layer(tok: Any) -> None:
     """fullgraph=True fails on any graph break; the counter shows that layer 1 reuses layer 0's graph (no guard
     on a layer index or module) and that a new mask length is the only thing that recompiles."""
-    from launchgen.trainers.generation.fast_generate import _fused_decoder_layer
+    from launchgen.trainers.generation.fast_generate.fused import _fused_decoder_layer
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()

@@ -13,11 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
 import torch
 from toy_runs import read_metrics, toy_cfg
 
@@ -27,23 +24,22 @@ HERE = Path(__file__).parent
 def _one_step(cfg_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:
     """Gradients at the first optimizer step, the logged metrics and the number of loss passes."""
     from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.core import OnlineRLTrainer
-    from launchgen.trainers.supervised import SFTTrainer
+    from launchgen.trainers.core import Trainer
 
     cfg = TrainerConfig.model_validate(cfg_dict)
-    trainer: OnlineRLTrainer = (SFTTrainer if cfg.trainer == "sft" else OnlineRLTrainer)(cfg)
+    trainer = Trainer(cfg)
     trainer.setup()
     grads: dict[str, torch.Tensor] = {}
-    step = trainer.optimizer.step
 
-    def capture(*a: Any, **k: Any) -> Any:
+    def capture(*_: Any) -> None:
         if not grads:
             for name, p in trainer.model.named_parameters():
                 if p.grad is not None:
                     grads[name] = p.grad.detach().clone()
-        return step(*a, **k)
 
-    trainer.optimizer.step = capture  # type: ignore[method-assign]
+    # A pre-step hook on the torch optimizer accelerate wraps, not a replaced `step`: the LR scheduler wraps
+    # `step` and warns when it is overridden.
+    trainer.optimizer.optimizer.register_step_pre_hook(capture)
     passes = 0
     micro_loss = trainer.micro_loss
 
@@ -118,30 +114,31 @@ def test_sft_passes_give_the_micro_batch_gradient(tmp_path: Path, tiny_model_dir
 
 
 def test_rows_per_pass_bounds() -> None:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.core import OnlineRLTrainer
+    from launchgen.trainers.passes import rows_per_pass
 
-    def trainer(limit: int | None) -> OnlineRLTrainer:
+    assert rows_per_pass(None, 1000, 64) == 64
+    assert rows_per_pass(4096, 1056, 64) == 3
+    assert rows_per_pass(100, 1056, 64) == 1  # never zero rows: one row over the limit still runs
+    assert rows_per_pass(10**9, 1056, 64) == 64
+
+
+class _GRPOSplitter:
+    """The loop's pass splitting for a GRPO objective, without the loop."""
+
+    def __init__(self, loss_type: str, limit: int) -> None:
+        from launchgen.trainers.config import TrainerConfig
+        from launchgen.trainers.objectives.grpo import GRPOObjective
+
         cfg = TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},
-                                            "data": {"path": "d"}, "max_tokens_per_forward": limit})
-        return OnlineRLTrainer(cfg)
+                                            "data": {"path": "d"}, "loss_type": loss_type,
+                                            "max_tokens_per_forward": limit})
+        self.limit, self.objective = limit, GRPOObjective(cfg, num_processes=1)
 
-    assert trainer(None).rows_per_pass(1000, 64) == 64
-    assert trainer(4096).rows_per_pass(1056, 64) == 3
-    assert trainer(100).rows_per_pass(1056, 64) == 1  # never zero rows: one row over the limit still runs
-    assert trainer(10**9).rows_per_pass(1056, 64) == 64
+    def split_passes(self, mb: dict[str, Any]) -> Any:
+        from launchgen.trainers.passes import split_passes
+        from launchgen.trainers.rollout import RL_LAYOUT
 
-
-def _split_trainer(loss_type: str, limit: int) -> Any:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.core import OnlineRLTrainer
-
-    cfg = TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},
-                                        "data": {"path": "d"}, "loss_type": loss_type,
-                                        "max_tokens_per_forward": limit})
-    t = OnlineRLTrainer(cfg)
-    t.is_grpo, t.is_dpo = True, False
-    return t
+        return split_passes(mb, self.limit, RL_LAYOUT, self.objective.pair_size, self.objective.loss_share)
 
 
 def test_passes_pack_longest_first_and_drop_right_padding() -> None:
@@ -152,7 +149,7 @@ def test_passes_pack_longest_first_and_drop_right_padding() -> None:
     mb = {"prompt_ids": torch.ones(rows, 4, dtype=torch.long), "prompt_mask": torch.ones(rows, 4, dtype=torch.long),
           "completion_ids": ids, "completion_mask": mask, "old_logps": ids.float(),
           "advantages": torch.arange(rows, dtype=torch.float32), "num_items_in_batch": torch.tensor(26.0)}
-    parts = _split_trainer("grpo", 30).split_passes(mb)
+    parts = _GRPOSplitter("grpo", 30).split_passes(mb)
     # Longest first, greedy: [10, 7] at width 14, [5, 3, 1] at width 9, [0] at width 5 (one column kept).
     assert [p["advantages"].tolist() for p, _ in parts] == [[0.0, 2.0], [1.0, 3.0, 5.0], [4.0]]
     assert [p["completion_ids"].shape[1] for p, _ in parts] == [10, 5, 1]
@@ -165,9 +162,9 @@ def test_passes_pack_longest_first_and_drop_right_padding() -> None:
         assert torch.equal(p["old_logps"], ids[rows_idx, :keep].float())
         assert int(p["completion_mask"].sum()) == sum(lengths[int(r)] for r in rows_idx)
     assert sum(float(s) for _, s in parts) == pytest.approx(1.0)  # row shares of the grpo loss
-    bnpo = _split_trainer("bnpo", 30).split_passes(mb)
+    bnpo = _GRPOSplitter("bnpo", 30).split_passes(mb)
     assert [float(s) for _, s in bnpo] == pytest.approx([17 / 26, 9 / 26, 0.0])
-    assert _split_trainer("grpo", 10**6).split_passes(mb) == [(mb, 1.0)]
+    assert _GRPOSplitter("grpo", 10**6).split_passes(mb) == [(mb, 1.0)]
 
 
 class _VariedLengths:
@@ -197,18 +194,19 @@ def test_trimmed_passes_of_varied_lengths_give_the_micro_batch_gradient(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, trainer: str, over: dict[str, Any]
 ) -> None:
     from launchgen.trainers import core
+    from launchgen.trainers.generation import backends
 
     monkeypatch.syspath_prepend(str(HERE))
-    monkeypatch.setattr(core, "make_backend", lambda cfg, acc, model, tok: _VariedLengths(tok.eos_token_id))
+    monkeypatch.setattr(backends, "make_backend", lambda cfg, acc, model, tok: _VariedLengths(tok.eos_token_id))
     widths: list[tuple[int, int]] = []
-    split = core.OnlineRLTrainer.split_passes
+    split = core.Trainer.split_passes
 
     def recording(self: Any, mb: dict[str, Any]) -> Any:
         parts = split(self, mb)
         widths.extend((p["completion_ids"].shape[1], mb["completion_ids"].shape[1]) for p, _ in parts)
         return parts
 
-    monkeypatch.setattr(core.OnlineRLTrainer, "split_passes", recording)
+    monkeypatch.setattr(core.Trainer, "split_passes", recording)
     common: dict[str, Any] = {"num_generations": 4 if trainer != "online_dpo" else 2,
                               "per_device_train_batch_size": 8, "max_steps": 1, **over}
     g_whole, m_whole, _ = _one_step(toy_cfg(tmp_path, tiny_model_dir, "whole", trainer, **common))
@@ -226,7 +224,7 @@ def test_passes_are_refused_under_deepspeed() -> None:
 
     from accelerate.utils import DistributedType
     from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.core import OnlineRLTrainer
+    from launchgen.trainers.core import Trainer
     from launchgen.trainers.errors import TrainerSetupError
 
     def cfg(limit: int | None) -> TrainerConfig:
@@ -236,8 +234,8 @@ def test_passes_are_refused_under_deepspeed() -> None:
 
     acc = SimpleNamespace(num_processes=1, distributed_type=DistributedType.DEEPSPEED)
     with pytest.raises(TrainerSetupError, match="max_tokens_per_forward is not supported under DeepSpeed"):
-        OnlineRLTrainer(cfg(4096), accelerator=acc).setup()
+        Trainer(cfg(4096), accelerator=acc).setup()
     # Without passes set-up goes on (and stops later, at the missing data file, for another reason).
     with pytest.raises(Exception) as other:
-        OnlineRLTrainer(cfg(None), accelerator=acc).setup()
+        Trainer(cfg(None), accelerator=acc).setup()
     assert "DeepSpeed" not in str(other.value)

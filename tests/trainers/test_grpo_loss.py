@@ -5,10 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.algorithms import grpo as g  # noqa: E402
+import torch
+from launchgen.trainers.algorithms import grpo as g
 
 EPS = 1e-4
 

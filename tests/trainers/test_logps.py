@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers import modeling  # noqa: E402
-from launchgen.trainers.generation.hf_generate import HFGenerateBackend  # noqa: E402
-from launchgen.trainers.generation.protocol import SamplingParams  # noqa: E402
+import torch
+from launchgen.trainers import modeling
+from launchgen.trainers.generation.hf_generate import HFGenerateBackend
+from launchgen.trainers.generation.protocol import SamplingParams
 
 
 @pytest.fixture()
@@ -136,6 +135,8 @@ def test_precision_and_liger_errors(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
     with pytest.raises(TrainerSetupError, match="bf16 needs an Ampere"):
         modeling.check_precision(cfg)
+    # absent whether or not the [liger] extra is installed here: None in sys.modules makes the import fail
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
     with pytest.raises(TrainerSetupError, match="liger-kernel is not installed"):
         modeling.make_liger_grpo_loss(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -163,10 +164,9 @@ def test_hub_kernel_offline_missing_is_a_clear_error(monkeypatch, tmp_path: Path
 
 
 def test_flash_attention_without_package_is_explicit_error() -> None:
+    import transformers  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.errors import TrainerSetupError
-
-    pytest.importorskip("transformers")
     from transformers.utils import import_utils
 
     if import_utils.is_flash_attn_2_available():

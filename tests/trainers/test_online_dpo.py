@@ -9,12 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
-from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data  # noqa: E402
+import torch
+from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data
 
 HERE = Path(__file__).parent
 
@@ -146,13 +144,13 @@ def test_loss_uses_untempered_logps_of_the_chosen_first_pairs(
     import toy_rewards
 
     seen: list[dict[str, Any]] = []
-    orig = core.OnlineRLTrainer.micro_loss
+    orig = core.Trainer.micro_loss
 
     def spy(self: Any, mb: dict[str, Any], stats: Any) -> Any:
         seen.append({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in mb.items()})
         return orig(self, mb, stats)
 
-    monkeypatch.setattr(core.OnlineRLTrainer, "micro_loss", spy)
+    monkeypatch.setattr(core.Trainer, "micro_loss", spy)
     assert _run(_cfg(tmp_path, tiny_model_dir, "one", max_steps=1, per_device_train_batch_size=8)) == 0
     (mb,) = seen
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
@@ -178,7 +176,7 @@ def test_loss_uses_untempered_logps_of_the_chosen_first_pairs(
 def test_vllm_like_backend_gets_weights_after_every_step(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launchgen.trainers import core
+    from launchgen.trainers.generation import backends
     from launchgen.trainers.generation.hf_generate import HFGenerateBackend
 
     monkeypatch.syspath_prepend(str(HERE))
@@ -200,7 +198,7 @@ def test_vllm_like_backend_gets_weights_after_every_step(
             pass
 
     monkeypatch.setattr(
-        core, "make_backend", lambda cfg, acc, model, tok: FakeServer(HFGenerateBackend.from_config(cfg, acc, model, tok))
+        backends, "make_backend", lambda cfg, acc, model, tok: FakeServer(HFGenerateBackend.from_config(cfg, acc, model, tok))
     )
     cfg = _cfg(tmp_path, tiny_model_dir, "fake", max_steps=2, per_device_train_batch_size=8,
                generation={"backend": "vllm_server", "max_completion_length": 6})

@@ -50,7 +50,9 @@ def test_load_custom_and_names() -> None:
     assert loaded[1].weight == 0.5
 
 
-@pytest.mark.parametrize("name,msg", [("nope", "neither a built-in"), ("no_such_mod_xyz:f", "cannot import"), ("os:nothing_here", "no callable")])
+@pytest.mark.parametrize("name,msg", [("nope", "neither a built-in"), ("no_such_mod_xyz:f", "cannot import"),
+                                      ("os:nothing_here", "no callable"),
+                                      ("my_rewards.brevity", "write `my_rewards:brevity`")])
 def test_load_errors(name: str, msg: str) -> None:
     with pytest.raises(TrainerSetupError, match=msg):
         rw.load_rewards([RewardSpec(name=name)])

@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.algorithms import grpo as g  # noqa: E402
-from launchgen.trainers.algorithms import rloo as r  # noqa: E402
+import torch
+from launchgen.trainers.algorithms import grpo as g
+from launchgen.trainers.algorithms import rloo as r
 
 
 def test_leave_one_out_baseline() -> None:

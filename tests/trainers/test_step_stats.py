@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
-torch = pytest.importorskip("torch")
-
-from launchgen.trainers.core import StepStats, _as_f64  # noqa: E402
+import torch
+from launchgen.trainers.stats import StepStats, as_f64
 
 
 def test_sums_mix_floats_and_tensors() -> None:
@@ -17,7 +14,7 @@ def test_sums_mix_floats_and_tensors() -> None:
     st.add("a", torch.tensor(2.0))
     st.add_mean("m", torch.tensor(3.0), 2.0)
     st.add_mean("m", 1.0, torch.tensor(2.0))
-    assert float(_as_f64(st.sums["a"], torch.device("cpu"))) == 3.5
+    assert float(as_f64(st.sums["a"], torch.device("cpu"))) == 3.5
     assert float(st.sums["mean:m:sum"]) == 4.0 and float(st.sums["mean:m:n"]) == 4.0
 
 

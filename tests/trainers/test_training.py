@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import accelerate  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
+import torch
+from tools import tool
 from toy_runs import read_metrics, run_cfg, toy_cfg, toy_data
 
 HERE = Path(__file__).parent
@@ -138,19 +137,14 @@ def test_config_errors_are_one_line_exit_2(tmp_path: Path, tiny_model_dir: Path,
 
 @pytest.mark.slow
 def test_accelerate_launch_two_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
-    import shutil
-
     import yaml
-
-    if shutil.which("accelerate") is None:
-        pytest.skip("accelerate CLI not on PATH")
     cfg = _cfg(tmp_path, tiny_model_dir, "ddp", max_steps=2, per_device_train_batch_size=4, num_generations=4, save_steps=1)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
         # `--cpu` would start ONE process (accelerate's simple launcher); `--multi_gpu` uses torchrun, and the trainer
         # asks accelerate for a CPU (gloo) group when there is no GPU.
-        ["accelerate", "launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no",
+        [tool("accelerate"), "launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no",
          "--dynamo_backend", "no", "-m", "launchgen.trainers.grpo", "--config", str(path)],
         env=_env(), capture_output=True, text=True, timeout=400,
     )
@@ -167,7 +161,7 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
 ) -> None:
     """A non-hf backend: IS ratios + the five sampling/* metrics, and full named weights after every step."""
     import torch
-    from launchgen.trainers import core
+    from launchgen.trainers.generation import backends
     from launchgen.trainers.generation.hf_generate import HFGenerateBackend
 
     monkeypatch.syspath_prepend(str(HERE))
@@ -194,7 +188,7 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
     def fake_make_backend(cfg, accelerator, model, tokenizer):
         return FakeServer(HFGenerateBackend.from_config(cfg, accelerator, model, tokenizer))
 
-    monkeypatch.setattr(core, "make_backend", fake_make_backend)
+    monkeypatch.setattr(backends, "make_backend", fake_make_backend)
     cfg = _cfg(
         tmp_path, tiny_model_dir, "fake", max_steps=2, per_device_train_batch_size=8, num_generations=4,
         generation={"backend": "vllm_server", "max_completion_length": 6,
@@ -216,14 +210,6 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
     assert set(synced[-1]) == set(final)  # HF names, as vLLM's load_weights expects
     for name, t in synced[-1].items():
         assert torch.equal(t, final[name])
-
-
-def test_complete_marker_name_matches_the_plan() -> None:
-    from launchgen.trainers.checkpoint import COMPLETE_MARKER as TRAINER_MARKER
-
-    from launchgen.plan import COMPLETE_MARKER
-
-    assert TRAINER_MARKER == COMPLETE_MARKER
 
 
 @pytest.mark.slow
@@ -276,9 +262,13 @@ def test_sigterm_from_outside_checkpoints_and_exits_75(tmp_path: Path, tiny_mode
     ],
 )
 def test_old_logps_rule(trainer: str, use_is: bool, ga: int, spg: int, it: int, expected: bool) -> None:
-    from launchgen.trainers.core import needs_old_logps
+    from launchgen.trainers.objectives import OBJECTIVES
+    from launchgen.trainers.objectives.grpo import keeps_old_logps
 
-    assert needs_old_logps(trainer, use_is, ga, spg, it) is expected
+    if trainer == "grpo":
+        assert keeps_old_logps(use_is, ga, spg, it) is expected
+    else:
+        assert OBJECTIVES[trainer].keeps_old_logps is expected  # type: ignore[attr-defined]
 
 
 def test_dapo_micro_batch_losses_sum_to_the_whole_batch_loss(
@@ -293,14 +283,14 @@ def test_dapo_micro_batch_losses_sum_to_the_whole_batch_loss(
 
     monkeypatch.syspath_prepend(str(HERE))
     seen: list[tuple[dict[str, Any], float]] = []
-    orig = core.OnlineRLTrainer.micro_loss
+    orig = core.Trainer.micro_loss
 
     def spy(self, mb, stats):
         loss = orig(self, mb, stats)
         seen.append(({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in mb.items()}, loss.item()))
         return loss
 
-    monkeypatch.setattr(core.OnlineRLTrainer, "micro_loss", spy)
+    monkeypatch.setattr(core.Trainer, "micro_loss", spy)
     cfg = _cfg(tmp_path, tiny_model_dir, "ga", max_steps=1, per_device_train_batch_size=4, num_generations=4,
                gradient_accumulation_steps=2, loss_type="dapo")
     assert _run_inprocess(cfg) == 0
@@ -352,3 +342,25 @@ def test_unscorable_batch_trains_with_zero_advantages(tmp_path: Path, tiny_model
     m = _metrics(tmp_path / "never")[0]
     assert m["reward"] is None and m["rewards/never/mean"] is None  # NaN is written as null
     assert m["loss"] == 0.0 and m["grad_norm"] == 0.0
+
+
+def test_backend_closed_when_setup_fails_after_creating_it(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Set-up stops after the backend exists (output_dir is a file): `run` still closes it (sockets, engines)."""
+    from launchgen.trainers.generation import backends
+    from launchgen.trainers.generation.hf_generate import HFGenerateBackend
+
+    closed: list[bool] = []
+
+    class Closing(HFGenerateBackend):
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setattr(backends, "make_backend", lambda cfg, acc, model, tok: Closing.from_config(cfg, acc, model, tok))
+    (tmp_path / "taken").write_text("not a directory")
+    cfg = _cfg(tmp_path, tiny_model_dir, "taken", max_steps=1, per_device_train_batch_size=8, num_generations=4)
+    with pytest.raises(FileExistsError):
+        run_cfg(cfg)
+    assert closed == [True]

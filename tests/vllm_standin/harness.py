@@ -24,7 +24,7 @@ def free_port() -> int:
 
 def standin_env(extra: dict[str, str] | None = None, dev_mode: bool = True) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{BIN_DIR}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = os.pathsep.join([str(BIN_DIR), str(Path(sys.executable).parent), env.get("PATH", "")])
     # Appended, not prepended: the repo's own launchgen/ has no trainers/ (the install maps it in), so it must
     # not shadow an installed launchgen; the repo root is only needed for `tests.*` imports.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(REPO_ROOT)) if p)

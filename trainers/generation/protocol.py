@@ -3,7 +3,9 @@
 The loop calls `generate` with token-ID prompts (every process its own slice, each prompt already repeated
 `num_generations` times consecutively, as TRL's sampler does) and `sync_weights` after every optimizer step.
 Backends: `vllm_server.VLLMServerBackend` (HTTP + NCCL/gloo weight transfer), `vllm_colocate.VLLMColocateBackend`
-(in-process `vllm.LLM`), `hf_generate.HFGenerateBackend` (the model's own generation).
+(in-process `vllm.LLM`), `hf_generate.HFGenerateBackend` (the model's own generation) and
+`fast_generate.FastGenerateBackend` (static cache, CUDA graphs); `backends.BACKENDS` maps the config's names to
+them with their capabilities.
 """
 
 from __future__ import annotations

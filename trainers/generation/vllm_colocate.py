@@ -24,6 +24,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT
+
 from .protocol import GenerationOutput, SamplingParams
 
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ def _ensure_master_addr_port() -> None:
     if os.environ.get("MASTER_PORT", "0") in ("", "0", "auto"):
         # The rendered scripts reserve this port in the plan (train.colocate_master_port, checked for collisions);
         # a free port is the fallback for hand-run trainers, as in TRL.
-        planned = os.environ.get("LAUNCHGEN_COLOCATE_MASTER_PORT", "")
+        planned = os.environ.get(ENV_COLOCATE_MASTER_PORT, "")
         if planned.isdigit():
             os.environ["MASTER_PORT"] = planned
             return

@@ -32,12 +32,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from launchgen.jobdir import ENV_WEIGHT_TRANSPORT
+
 if TYPE_CHECKING:
     import torch
 
 DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024  # vLLM's default; the server must use the same
 DEFAULT_PACKED_NUM_BUFFERS = 2
-TRANSPORT_ENV = "LAUNCHGEN_WEIGHT_TRANSPORT"
+TRANSPORT_ENV = ENV_WEIGHT_TRANSPORT
 TRANSPORT_KINDS = ("nccl", "gloo", "torch-nccl")
 
 NamedTensor = tuple[str, "torch.Tensor"]

@@ -1,0 +1,121 @@
+"""The premise of launchgen.directives, checked against the real sbatch: the spellings it refuses are read by
+sbatch as the reserved option (`sbatch -v --test-only` lists the options it parsed), and the ordinary directives
+it lets through are accepted."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slurmkit import Cluster
+
+from launchgen import directives
+
+pytestmark = pytest.mark.slurm
+
+BYPASSES = ["-N3", "-pdebug", "--signa=USR1@5", "--no-req", "--partit=debug", "--outp=x.out", "-c4", "-HN3",
+            "--ntasks-per-node=1", "-o/dev/null", "--mem=100", "--chdir=/tmp", "--exclus"]
+
+
+def _parsed(tmp_path: Path, directive: str) -> tuple[set[str], str]:
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH {directive}\ntrue\n")
+    r = subprocess.run(["sbatch", "-v", "--test-only", str(script)], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    # `sbatch: <option> : <value>` lines, in sbatch's own names (cpus_per_task, no-requeue)
+    names = {ln[8:].split(":", 1)[0].strip().replace("_", "-") for ln in r.stderr.splitlines()
+             if ln.startswith("sbatch: ") and ":" in ln[8:]}
+    return names, r.stderr
+
+
+@pytest.mark.parametrize("directive", BYPASSES)
+def test_sbatch_reads_each_refused_spelling_as_the_reserved_option(cluster: Cluster, tmp_path: Path,
+                                                                   directive: str) -> None:
+    with pytest.raises(directives.DirectiveError):
+        directives.validate(directive)
+    expected = next(o.name for o in directives.options(directive) if o.name in directives.RESERVED)
+    names, err = _parsed(tmp_path, directive)
+    assert expected in names, f"{directive}: sbatch -v did not show --{expected}:\n{err}"
+
+
+@pytest.mark.parametrize("directive", ["--exclu", "--ti=5", "--mem-p=1"])
+def test_ambiguous_prefixes_are_refused_like_sbatch_refuses_them(cluster: Cluster, tmp_path: Path,
+                                                                 directive: str) -> None:
+    with pytest.raises(directives.DirectiveError, match="ambiguous"):
+        directives.validate(directive)
+    _names, err = _parsed(tmp_path, directive)
+    assert "is ambiguous" in err, err
+
+
+@pytest.mark.parametrize(("directive", "name"), [
+    ("--constraint=h100", "constraint"), ("--comment='a b'", "comment"), ("--mail-type=END", "mail-type"),
+    ("--no-kill", "no-kill"), ("--time-min=5", "time-min"), ("-x node9", "exclude"), ("--constr=h100", "constraint"),
+])
+def test_sbatch_reads_what_launchgen_lets_through_as_launchgen_does(cluster: Cluster, tmp_path: Path,
+                                                                    directive: str, name: str) -> None:
+    directives.validate(directive)
+    assert [o.name for o in directives.options(directive)] == [name]
+    names, err = _parsed(tmp_path, directive)
+    assert name in names, err
+
+
+#: options with a value sbatch 22.05 parses without complaint (so `-v` lists every option of the line)
+_VALUES = {
+    "account": "a", "array": "1-2", "begin": "now", "chdir": "/tmp", "comment": "x", "cpus-per-task": "2",
+    "dependency": "afterok:1", "distribution": "block", "error": "e.out", "export": "ALL", "gpus": "1",
+    "gpus-per-node": "1", "gres": "gpu:1", "job-name": "j", "mail-type": "END", "mem": "100", "mem-per-cpu": "10",
+    "mincpus": "1", "nice": "0", "nodes": "1", "ntasks": "1", "ntasks-per-node": "1", "open-mode": "append",
+    "output": "o.out", "partition": "debug", "priority": "1", "qos": "normal", "signal": "USR1@5", "time": "5",
+    "time-min": "2", "tmp": "1", "wckey": "w", "input": "/dev/null", "threads-per-core": "1",
+}
+_FLAGS = ["contiguous", "exclusive", "hold", "no-kill", "no-requeue", "overcommit", "oversubscribe", "parsable",
+          "requeue", "spread-job", "use-min-nodes", "wait", "reboot", "ignore-pbs"]
+#: options of newer Slurm releases that 22.05 lacks (they make some prefixes ambiguous only there)
+_NEWER = ("container-id", "segment", "spread-segments", "stepmgr", "oom-kill-step", "tres-bind", "tres-per-task")
+_SHORT_FOR = {long: short for short, long in directives.SHORT_OPTIONS.items()}
+
+
+@st.composite
+def _option(draw: st.DrawFn) -> str:
+    name = draw(st.sampled_from(sorted(_VALUES) + _FLAGS))
+    value = _VALUES.get(name)
+    short = _SHORT_FOR.get(name)
+    if short is not None and draw(st.booleans()):
+        if value is None:
+            return f"-{short}"
+        return f"-{short}{value}" if draw(st.booleans()) else f"-{short} {value}"
+    cut = draw(st.integers(min_value=2, max_value=len(name)))
+    written = name[:cut]
+    if value is None:
+        return f"--{written}"
+    return f"--{written}={value}" if draw(st.booleans()) else f"--{written} {value}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(_option(), min_size=1, max_size=3))
+def test_parser_agrees_with_sbatch(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+                                   parts: list[str]) -> None:
+    """Differential: for generated directive lines (long-option prefixes, attached and separate short values,
+    several options a line), launchgen finds exactly the reserved options sbatch parses, and refuses exactly
+    the lines sbatch calls ambiguous."""
+    directive = " ".join(parts)
+    names, err = _parsed(tmp_path_factory.mktemp("d"), directive)
+    sbatch_reserved = (names - {"test-only", "verbose"}) & set(directives.RESERVED)
+    try:
+        mine = {o.name for o in directives.options(directive)} & set(directives.RESERVED)
+    except directives.DirectiveError as exc:
+        # stricter than this sbatch is fine: a prefix that newer Slurm makes ambiguous, a stray word
+        # (`--nice 0`: --nice takes its value only after `=`, so sbatch reads `0` as the script)
+        if "is ambiguous" in str(exc):
+            assert "is ambiguous" in err or any(f"--{n}" in str(exc) for n in _NEWER), (directive, str(exc), err)
+        return
+    assert "is ambiguous" not in err, (directive, err)
+    assert mine == sbatch_reserved, (directive, err)
+    if not mine:
+        directives.validate(directive)
+    else:
+        with pytest.raises(directives.DirectiveError):
+            directives.validate(directive)

@@ -1,0 +1,120 @@
+"""The trainer and generation-backend registries: one entry per name the config accepts, and the loop's decisions
+follow the declared capabilities, not backend or trainer names."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+from toy_runs import read_metrics, toy_cfg
+
+HERE = Path(__file__).parent
+
+
+def _cfg(**over: Any) -> Any:
+    from launchgen.trainers.config import TrainerConfig
+
+    d: dict[str, Any] = {"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"}, "data": {"path": "d"}}
+    d.update(over)
+    return TrainerConfig.model_validate(d)
+
+
+def test_every_trainer_name_has_an_objective_and_an_entry_module() -> None:
+    from launchgen.trainers.config import TrainerName
+    from launchgen.trainers.objectives import OBJECTIVES
+
+    assert sorted(OBJECTIVES) == sorted(get_args(TrainerName))
+    for name, cls in OBJECTIVES.items():
+        assert cls.name == name
+        assert callable(importlib.import_module(f"launchgen.trainers.{name}").main)
+
+
+def test_every_backend_name_has_a_spec() -> None:
+    from launchgen.trainers.config import Backend
+    from launchgen.trainers.generation.backends import BACKENDS
+
+    assert sorted(BACKENDS) == sorted(get_args(Backend))
+    assert not BACKENDS["hf"].capabilities.needs_weight_sync
+    assert all(BACKENDS[k].capabilities.needs_weight_sync for k in ("vllm_server", "vllm_colocate"))
+
+
+@pytest.mark.parametrize("shares,enabled,want", [(True, True, False), (False, True, True), (False, False, False)])
+def test_grpo_importance_sampling_follows_the_backend_capability(
+    monkeypatch: pytest.MonkeyPatch, shares: bool, enabled: bool, want: bool
+) -> None:
+    from launchgen.trainers.generation import backends
+    from launchgen.trainers.objectives.grpo import GRPOObjective
+
+    spec = backends.BACKENDS["hf"]
+    caps = replace(spec.capabilities, shares_policy_weights=shares)
+    monkeypatch.setitem(backends.BACKENDS, "hf", replace(spec, capabilities=caps))
+    obj = GRPOObjective(_cfg(generation={"importance_sampling": {"enabled": enabled}}), num_processes=1)
+    assert obj.uses_importance_sampling is want
+    assert obj.keeps_old_logps is want  # GA = SPG = 1: only IS needs them
+
+
+def test_importance_sampling_without_log_probs_is_refused_at_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.generation import backends
+    from launchgen.trainers.objectives import build_objective
+
+    spec = backends.BACKENDS["vllm_server"]
+    caps = replace(spec.capabilities, returns_logprobs=False)
+    monkeypatch.setitem(backends.BACKENDS, "vllm_server", replace(spec, capabilities=caps))
+    with pytest.raises(TrainerSetupError, match=r"generation\.importance_sampling\.enabled needs per-token log-probs"):
+        build_objective(_cfg(generation={"backend": "vllm_server"}), 1)
+
+
+def test_weight_sync_follows_the_capability(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `hf` backend declared as needing weight sync gets the full weights after every optimizer step."""
+    from launchgen.trainers.generation import backends
+    from launchgen.trainers.generation.hf_generate import HFGenerateBackend
+
+    monkeypatch.syspath_prepend(str(HERE))
+    pushed: list[int] = []
+
+    class Recording(HFGenerateBackend):
+        def sync_weights(self, named_params: Any) -> None:
+            pushed.append(sum(1 for _ in named_params))
+
+    spec = backends.BACKENDS["hf"]
+    caps = replace(spec.capabilities, needs_weight_sync=True)
+    monkeypatch.setitem(backends.BACKENDS, "hf", replace(
+        spec, capabilities=caps, factory=lambda cfg, acc, model, tok: Recording.from_config(cfg, acc, model, tok)))
+    from toy_runs import run_cfg
+
+    cfg = toy_cfg(tmp_path, tiny_model_dir, "sync", "grpo", num_generations=4, per_device_train_batch_size=8,
+                  max_steps=2)
+    assert run_cfg(cfg) == 0
+    assert len(pushed) == 2 and pushed[0] > 0
+    assert all("time/sync_weights" in m for m in read_metrics(tmp_path / "sync"))
+
+
+def test_unknown_trainer_is_a_setup_error() -> None:
+    from launchgen.trainers import objectives
+    from launchgen.trainers.errors import TrainerSetupError
+
+    cfg = _cfg()
+    object.__setattr__(cfg, "trainer", "ppo")  # past the config's Literal, as a new name without an entry would be
+    with pytest.raises(TrainerSetupError, match="trainer 'ppo' is not one of grpo, rloo, online_dpo, sft"):
+        objectives.build_objective(cfg, 1)
+
+
+def test_liger_support_is_declared_by_the_objective(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.objectives import OBJECTIVES, build_objective
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the trainer's support
+    liger = {"name_or_path": "m", "use_liger_kernel": True}
+    with pytest.raises(TrainerSetupError, match="supported for grpo, rloo, sft, not online_dpo"):
+        build_objective(_cfg(trainer="online_dpo", model=liger), 1)
+    monkeypatch.setattr(OBJECTIVES["rloo"], "supports_liger", False)
+    with pytest.raises(TrainerSetupError, match="supported for grpo, sft, not rloo"):
+        build_objective(_cfg(trainer="rloo", model=liger), 1)
+    assert build_objective(_cfg(model=liger), 1).name == "grpo"

@@ -1,0 +1,91 @@
+"""`max_tokens_per_forward`: a micro-batch cut into forward/backward passes whose gradients add up to its own.
+
+The batch's source owns its row layout (`RowLayout`: which columns are right-padded and may be trimmed per pass);
+the objective owns how many rows stay together (Online DPO: a pair) and each pass's share of the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from launchgen.trainers.stats import Stat
+
+Batch = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where a micro-batch's rows, widths and trimmable (right-padded) columns are."""
+
+    ids_key: str  # (rows, trimmable width) token ids
+    mask_key: str  # its 0/1 mask: a row's length is its sum
+    trim_keys: tuple[str, ...]  # per-row tensors aligned with the trimmable columns
+    fixed_key: str | None = None  # (rows, width) columns kept whole (left-padded prompts)
+
+    def rows(self, mb: Batch) -> int:
+        return int(mb[self.ids_key].size(0))
+
+    def trim_width(self, mb: Batch) -> int:
+        return int(mb[self.ids_key].size(1))
+
+    def width(self, mb: Batch) -> int:
+        fixed = int(mb[self.fixed_key].size(1)) if self.fixed_key else 0
+        return fixed + self.trim_width(mb)
+
+
+def rows_per_pass(limit: int | None, width: int, rows: int) -> int:
+    """Rows of `width` tokens one forward pass may take under `max_tokens_per_forward` (at least one)."""
+    if limit is None:
+        return rows
+    return max(1, min(rows, limit // max(1, width)))
+
+
+def _pack(lengths: list[int], rows: int, unit: int, fixed: int, limit: int) -> list[list[int]]:
+    """Units of rows sorted longest first (stable), packed greedily into passes of at most `limit` tokens."""
+    units = [list(range(i, min(i + unit, rows))) for i in range(0, rows, unit)]
+    units.sort(key=lambda u: -max(lengths[r] for r in u))
+    groups: list[list[int]] = []
+    width = 0
+    for u in units:
+        u_width = fixed + max(1, max(lengths[r] for r in u))
+        if groups and (len(groups[-1]) + len(u)) * width <= limit:
+            groups[-1].extend(u)
+        else:
+            groups.append(list(u))
+            width = u_width  # the first unit of a pass is its widest
+    return groups
+
+
+def split_passes(
+    mb: Batch, limit: int | None, layout: RowLayout, unit: int, share: Callable[[Batch, Batch], Stat]
+) -> list[tuple[Batch, Stat]]:
+    """The micro-batch as passes of at most `limit` tokens, each with the factor (`share(part, mb)`) that turns its
+    loss (normalised over the pass) into its share of the micro-batch's loss, so the summed gradient is the
+    micro-batch's.
+
+    Rows (`unit` at a time: a pair never spans passes) are sorted by length, longest first, and packed greedily;
+    each pass drops the right padding beyond its longest row (causal attention: the kept positions compute exactly
+    what they did with it). Scalars are kept as they are.
+    """
+    rows = layout.rows(mb)
+    if limit is None or rows * layout.width(mb) <= limit:
+        return [(mb, 1.0)]
+    row_lengths = mb[layout.mask_key].sum(1)
+    lengths = row_lengths.tolist()  # one host sync per micro-batch, only when passes are on
+    groups = _pack(lengths, rows, unit, layout.width(mb) - layout.trim_width(mb), limit)
+    parts: list[tuple[Batch, Stat]] = []
+    for g in groups:
+        idx = torch.tensor(sorted(g), dtype=torch.long, device=row_lengths.device)
+        keep = max(1, max(lengths[r] for r in g))
+        part: Batch = {}
+        for k, v in mb.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                v = v.index_select(0, idx)
+                if k in layout.trim_keys and v.dim() == 2:
+                    v = v[:, :keep]
+            part[k] = v
+        parts.append((part, share(part, mb)))
+    return parts
