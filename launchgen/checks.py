@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from launchgen import compat
+from launchgen import compat, ports
 from launchgen.hfcache import ModelConfig, find_model_config
 from launchgen.issues import Issue, Severity, SpecError
 from launchgen.loader import LoadedSpec
+from launchgen.ports import EPHEMERAL_HIGH, EPHEMERAL_LOW, PORT_MAX, PORT_MIN
 from launchgen.spec import Spec
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, ONLINE_TRAINERS
 
@@ -35,12 +36,8 @@ if TYPE_CHECKING:
 
 # --- constants the checks share with docs and tests ---------------------------------------------------------
 
-PORT_MIN, PORT_MAX = 1024, 65535
-#: Linux default net.ipv4.ip_local_port_range: the kernel hands these out as source ports of outgoing
-#: connections, so a fixed listen port inside it can be taken by any process on the node.
-EPHEMERAL_LOW, EPHEMERAL_HIGH = 32768, 60999
-#: job.port_offset=job_id adds (SLURM_JOB_ID % 1000) * 10, i.e. up to this much.
-PORT_OFFSET_MAX = 999 * 10  # == plan.MAX_PORT_OFFSET (a test keeps them equal)
+# port ranges and the job-id shift: launchgen.ports owns them
+PORT_OFFSET_MAX = ports.MAX_OFFSET
 PORT_OFFSET_STEP = 10
 #: Seconds below which a /health wait is too short for any real model to load (TRL waits 240 s by default).
 MIN_HEALTH_TIMEOUT = 120
@@ -308,12 +305,19 @@ def trainer_has_gpus(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG106")
 def idle_gpus(ctx: Ctx) -> Iterator[Issue]:
-    n = ctx.spec.slurm.gpus_per_node
-    used = set(ctx.trainer_gpus) | (set(ctx.server_gpus) if ctx.shared_node else set())
-    idle = [g for g in range(n) if g not in used]
-    if idle and ctx.trainer_gpus and not ctx.cpu:
-        yield ctx.issue("LG106", "train.gpus" if ctx.spec.train.gpus is not None else "slurm.gpus_per_node",
-                        f"GPU(s) {', '.join(map(str, idle))} of each trainer node are used by no role")
+    if not ctx.trainer_gpus or ctx.cpu:
+        return
+    n, trainer = ctx.spec.slurm.gpus_per_node, set(ctx.trainer_gpus)
+    path = "train.gpus" if ctx.spec.train.gpus is not None else "slurm.gpus_per_node"
+    # a server sharing node 0 uses its GPUs there only: on the other trainer nodes they are idle
+    server = set(ctx.server_gpus) if ctx.shared_node else set()
+    groups = [("each trainer node", trainer | server)] if ctx.spec.train.nodes == 1 or not server else [
+        ("trainer node 0 (with the server)", trainer | server),
+        ("trainer node 1" if ctx.spec.train.nodes == 2 else f"trainer nodes 1-{ctx.spec.train.nodes - 1}", trainer)]
+    for where, used in groups:
+        idle = [g for g in range(n) if g not in used]
+        if idle:
+            yield ctx.issue("LG106", path, f"GPU(s) {', '.join(map(str, idle))} of {where} are used by no role")
 
 
 # === LG2xx tensor/data parallelism and the model =========================================================
@@ -553,6 +557,20 @@ def ports_valid_and_distinct(ctx: Ctx) -> Iterator[Issue]:
                             f"on node {u.host_position}")
         else:
             seen[(u.host_position, u.base)] = u
+    if ctx.spec.job.port_offset == "job_id":
+        yield from _shifted_equal(ctx, uses)
+
+
+def _shifted_equal(ctx: Ctx, uses: tuple[Port, ...]) -> Iterator[Issue]:
+    """Two ports of a host that the job-id shift (with its wrap below the ephemeral range) can make equal."""
+    for i, a in enumerate(uses):
+        for b in uses[i + 1:]:
+            o = ports.same_job_clash(a.base, b.base) if a.host_position == b.host_position else None
+            if o is not None:
+                yield ctx.issue("LG402", b.spec_path,
+                                f"{_pname(b)} {b.base} and the {_pname(a)} {a.base} both become "
+                                f"{ports.shift(b.base, o)} at job-id offset {o} (a port shifted to "
+                                f"{EPHEMERAL_LOW} or above wraps down by {ports.WRAP})")
 
 
 @check("LG404", "LG405", "LG406")
@@ -565,22 +583,23 @@ def port_offset_safe(ctx: Ctx) -> Iterator[Issue]:
                             f"{', '.join(str(u.base) for u in uses)}")
         return
     for u in uses:
-        if u.base + PORT_OFFSET_MAX > PORT_MAX:
+        top = ports.shifted_range(u.base)[1]
+        if top > PORT_MAX:
             yield ctx.issue("LG404", u.spec_path,
                             f"{_pname(u)} {u.base} + the job-id offset (up to {PORT_OFFSET_MAX}) can reach "
-                            f"{u.base + PORT_OFFSET_MAX} > {PORT_MAX}")
+                            f"{top} > {PORT_MAX}")
     by_host: dict[int, list[Port]] = {}
     for u in uses:
         by_host.setdefault(u.host_position, []).append(u)
     for host_uses in by_host.values():
         for i, a in enumerate(host_uses):
             for b in host_uses[i + 1:]:
-                d = abs(a.base - b.base)
-                if d and d % PORT_OFFSET_STEP == 0 and d <= PORT_OFFSET_MAX:
+                clash = ports.cross_job_clash(a.base, b.base)
+                if clash is not None and ports.same_job_clash(a.base, b.base) is None:
+                    d = abs(clash[0] - clash[1]) // PORT_OFFSET_STEP
                     yield ctx.issue("LG405", b.spec_path,
-                                    f"{_pname(b)} {b.base} and {_pname(a)} {a.base} differ by {d}: when two "
-                                    f"jobs' ids differ by {d // PORT_OFFSET_STEP} (mod 1000) one's shifted "
-                                    "port lands on the other's")
+                                    f"{_pname(b)} {b.base} and {_pname(a)} {a.base}: when two jobs' ids differ "
+                                    f"by {d} (mod 1000) one's shifted port lands on the other's")
 
 
 # === LG5xx mode rules =====================================================================================
@@ -1158,7 +1177,8 @@ def codes_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
-# The file checks register themselves on import; imported last, as they use the registry above.
+# Checks kept in their own modules register themselves on import; imported last, as they use the registry above.
 from launchgen import preflight as _preflight  # noqa: E402,F401
+from launchgen import static_checks as _static_checks  # noqa: E402,F401
 
 _FILE_CODES = frozenset(c for chk in CHECKS if chk.stage == "files" for c in chk.codes)

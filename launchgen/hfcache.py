@@ -49,19 +49,19 @@ def snapshot_dir(cache: Path, repo_id: str, revision: str | None, repo_type: str
     """The cached snapshot for `revision` (a branch/tag in refs/, or a commit), or None if not cached."""
     folder = repo_folder(cache, repo_id, repo_type)
     snapshots = folder / "snapshots"
-    if not snapshots.is_dir():
-        return None
     rev = revision or "main"
     ref = folder / "refs" / rev
-    try:
+    try:  # OSError also for names no path can be (ENAMETOOLONG): not cached
+        if not snapshots.is_dir():
+            return None
         if ref.is_file():
             commit = ref.read_text().strip()
             if (snapshots / commit).is_dir():
                 return snapshots / commit
+        if (snapshots / rev).is_dir():
+            return snapshots / rev
     except OSError:
         return None
-    if (snapshots / rev).is_dir():
-        return snapshots / rev
     return None
 
 
@@ -105,12 +105,21 @@ class ModelConfig:
         return any(isinstance(d.get(k), int) and d[k] > 1 for d in dicts for k in MOE_KEYS)
 
 
+def _local_dir(name_or_path: str) -> Path | None:
+    """`name_or_path` as an existing local directory; None otherwise, also for names no path can be (too long)."""
+    try:
+        local = Path(name_or_path).expanduser()
+        return local if local.is_dir() else None
+    except (OSError, RuntimeError):  # ENAMETOOLONG and the like; RuntimeError: `~user` without that user
+        return None
+
+
 def find_model_config(name_or_path: str, revision: str | None = None,
                       env: Mapping[str, str] | None = None) -> ModelConfig | None:
     """config.json of a local model directory or of the cached Hub snapshot; None when not reachable locally."""
     candidates: list[Path] = []
-    local = Path(name_or_path).expanduser()
-    if local.is_dir():
+    local = _local_dir(name_or_path)
+    if local is not None:
         candidates.append(local / "config.json")
     else:
         snap = snapshot_dir(hub_cache_dir(env), name_or_path, revision)
@@ -128,8 +137,7 @@ def find_model_config(name_or_path: str, revision: str | None = None,
 
 def model_in_cache(name_or_path: str, revision: str | None, env: Mapping[str, str] | None = None) -> bool:
     """A local directory, or a cached snapshot of the revision holding a config.json."""
-    local = Path(name_or_path).expanduser()
-    if local.is_dir():
+    if _local_dir(name_or_path) is not None:
         return True
     snap = snapshot_dir(hub_cache_dir(env), name_or_path, revision)
     return snap is not None and (snap / "config.json").is_file()

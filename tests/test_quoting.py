@@ -8,18 +8,22 @@ argv/env and the trainer's argv/env/parsed config byte for byte, and that the ca
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from recorders import install_recorders
 from tools import path_with_venv
 
+from launchgen import outdir
+from launchgen.issues import SpecError
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
 from launchgen.render import render_script
@@ -76,6 +80,11 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         if with_server:
             spec["vllm"] = {"mode": "server", "gpus": [0], "bind": bind,
                             "extra_args": [nasty, inj, value], "health_timeout": 60}
+        if outdir.problems(spec["job"]["output_dir"]):  # shell syntax the run-time expansion refuses (LG911)
+            with pytest.raises(SpecError) as exc:
+                build_plan(load_spec_text(yaml.safe_dump(spec), f"spec {inj}.yaml"))
+            assert [i.code for i in exc.value.issues] == ["LG911"]
+            return
         plan = build_plan(load_spec_text(yaml.safe_dump(spec), f"spec {inj}.yaml"))
         script = root / "job.sh"
         script.write_text(render_script(plan, "bash"))
@@ -87,6 +96,12 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         res = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
         assert not canary.exists(), "a spec value was executed"
+        try:  # the run-time expansion (launchgen.outdir: $NAME, %j, %x, ...), relative to the submit directory
+            job_dir = root / outdir.expand(spec["job"]["output_dir"], job_id="local", job_name="q",
+                                           user=os.environ.get("USER") or getpass.getuser(), env=env)
+        except outdir.UnsetVariable:
+            assert res.returncode != 0 and "not set" in res.stderr, res.stderr[-3000:]
+            return
         assert res.returncode == 0, res.stderr[-3000:]
 
         trainer = json.loads((rec / "trainer.json").read_text())
@@ -96,7 +111,6 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         cfg = trainer["config"]
         assert cfg["model"]["name_or_path"] == name and cfg["model"]["revision"] == revision
         assert cfg["data"]["path"] == nasty and cfg["data"]["system_prompt"] == inj
-        job_dir = root / "runs" / dirname.replace("%j", "local") / "local"  # every %j is the job id
         assert cfg["output_dir"] == str(job_dir.resolve() / "trainer")
         # the embedded copy of the spec is the resolved spec, byte for byte
         assert (job_dir / "spec.yaml").read_text() == plan.spec_yaml
@@ -117,6 +131,8 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
 @given(value=TEXT, injection=st.sampled_from(INJECTIONS), dirname=PRINTABLE, with_server=st.booleans())
 @example(value="a b'c\"d$(e)`f`\n*", injection="$(touch {c})", dirname="we ird'$(x)*", with_server=True)
 @example(value="", injection="'; touch {c}; '", dirname="%j&x", with_server=False)
+@example(value="v", injection="*", dirname="$HOME%x-%%j-${USER}", with_server=False)
+@example(value="v", injection="*", dirname="$LG_NO_SUCH_VARIABLE", with_server=False)
 def test_spec_values_arrive_verbatim_and_never_execute(value: str, injection: str, dirname: str,
                                                        with_server: bool) -> None:
     _case(value, injection, dirname, with_server)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from launchgen.jobdir import EXIT_PREEMPTED
+
 TRAINER = '''
 import os, signal, sys, time
 mode = sys.argv[1]
@@ -55,8 +57,23 @@ def test_usr2_by_pid_file_reaches_the_trainer_despite_an_inherited_ignore(tmp_pa
     _wait_for(ready)
     _wait_for(tmp_path / "pids" / "n1" / "rank3.pid")
     os.kill(int((tmp_path / "pids" / "n1" / "rank3.pid").read_text()), signal.SIGUSR2)
-    assert proc.wait(timeout=30) == 75
-    assert (tmp_path / "pids" / "n1" / "rank3.exit").read_text().strip() == "75"
+    # a clean preemption is 0 to accelerate launch (no CalledProcessError traceback); the 75 is in the exit file
+    assert proc.wait(timeout=30) == 0
+    assert (tmp_path / "pids" / "n1" / "rank3.exit").read_text().strip() == str(EXIT_PREEMPTED)
+
+
+def test_a_preempted_trainer_leaves_no_accelerate_traceback(tmp_path: Path) -> None:
+    """The real `accelerate launch -m launchgen.rank ...`, as the trainer step runs it, with a trainer exiting 75."""
+    (tmp_path / "fake_trainer_mod.py").write_text(TRAINER)
+    env = dict(os.environ, LAUNCHGEN_PID_DIR=str(tmp_path / "pids"), LAUNCHGEN_NODE_NAME="n1",
+               PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    accelerate = Path(sys.executable).with_name("accelerate")
+    p = subprocess.run([str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1", "--cpu",
+                        "-m", "launchgen.rank", "fake_trainer_mod", "crash", str(EXIT_PREEMPTED)], env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "CalledProcessError" not in p.stderr, p.stderr
+    assert (tmp_path / "pids" / "n1" / "rank0.exit").read_text().strip() == str(EXIT_PREEMPTED)
 
 
 def test_term_is_passed_on(tmp_path: Path) -> None:

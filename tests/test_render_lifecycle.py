@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from tools import env_with_venv, path_with_venv
 
+from launchgen import ports
 from launchgen.loader import load_spec_text
 from launchgen.plan import MAX_PORT_OFFSET, build_plan
 from launchgen.render import render_script
@@ -184,6 +185,9 @@ def test_trainer_crash_tears_down_server_and_passes_exit_code(tmp_path: Path) ->
     assert res.returncode == 7, res.stderr
     assert not _alive(_server_pid(tmp_path))
     assert "trainer_exit status=7" in (tmp_path / "runs/local/logs/attempt-0/events.log").read_text()
+    # the job's last line says where the trainer's error is
+    last = res.stderr.strip().splitlines()[-1]
+    assert "ERROR" in last and str(tmp_path / "runs/local/logs/attempt-0/trainer-local.log") in last, res.stderr
 
 
 def test_server_death_mid_training_stops_trainer_nonzero(tmp_path: Path) -> None:
@@ -269,7 +273,7 @@ def test_port_offset_applies_under_bash(tmp_path: Path, offset: str) -> None:
     assert res.returncode == 0, res.stderr
     saved = json.loads((tmp_path / "runs/local/launchgen-plan.json").read_text())
     http = next(p for p in saved["ports"] if p["name"] == "server_http")
-    assert http["value"] == http["base"] + saved["port_offset_value"]
+    assert http["value"] == ports.shift(http["base"], saved["port_offset_value"])
     if offset == "none":
         assert saved["port_offset_value"] == 0
     else:  # the script's PID stands in for the job id under --bash
@@ -296,3 +300,62 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert res.returncode == 0, res.stderr + (log.read_text()[-3000:] if log.exists() else "")
     assert (job / "trainer" / "launchgen-complete.json").is_file()
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
+
+
+def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
+    """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""
+    home, scratch = tmp_path / "home", tmp_path / "scratch"
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '$SCRATCH/runs/%x-%j'")
+    script = _write_script(tmp_path, text)
+    res = _run(tmp_path, script, HOME=str(home), SCRATCH=str(scratch))
+    assert res.returncode == 0, res.stderr
+    assert (scratch / "runs" / "life-local" / "trainer" / "launchgen-complete.json").is_file()
+    assert not list(tmp_path.glob("$*")), "a literal $SCRATCH folder was made"
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '~/runs/%j'")
+    script = _write_script(tmp_path, text)
+    res = _run(tmp_path, script, HOME=str(home))
+    assert res.returncode == 0, res.stderr
+    assert (home / "runs" / "local" / "trainer" / "launchgen-complete.json").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_output_dir_with_an_unset_variable_stops_the_job_naming_it(tmp_path: Path) -> None:
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '${SCRATCH}/runs/%j'")
+    script = _write_script(tmp_path, text)
+    env_without = {k: v for k, v in os.environ.items() if k != "SCRATCH"}
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**env_without, "PATH": _env()["PATH"]},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "job.output_dir" in res.stderr and "$SCRATCH" in res.stderr and "not set" in res.stderr, res.stderr
+    assert not list(tmp_path.glob("$*")) and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("bad", ["runs/$(whoami)", "runs/${SCRATCH:-/tmp}", "runs/`id`", "~bob/runs", "runs/%a",
+                                 "runs/100%"])
+def test_output_dir_syntax_the_script_does_not_expand_is_refused(bad: str) -> None:
+    from launchgen.issues import SpecError
+
+    text = _spec(max_steps=1).replace("output_dir: runs/%j", f"output_dir: {json.dumps(bad)}")
+    with pytest.raises(SpecError) as exc:
+        build_plan(load_spec_text(text, "life.yaml"))
+    [issue] = exc.value.issues
+    assert (issue.code, issue.path, issue.line) == ("LG911", "job.output_dir", 4), issue
+
+
+def test_a_crashed_rank_outweighs_another_ranks_clean_stop(tmp_path: Path) -> None:
+    """The trainer step exits with the trainers' own statuses (their exit files): rank 0 stopped cleanly (75),
+    rank 1 crashed (3), accelerate launch said 1: the job says 3, and its last line names the trainer's log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "accelerate").write_text(
+        "#!/bin/bash\nd=$LAUNCHGEN_PID_DIR/local\nmkdir -p \"$d\"\n"
+        "echo 75 >\"$d/rank0.exit\"\necho 3 >\"$d/rank1.exit\"\nexit 1\n")
+    (bin_dir / "accelerate").chmod(0o755)
+    script = _write_script(tmp_path, _spec(max_steps=1))
+    env = _env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    trainer_log = tmp_path / "runs/local/logs/attempt-0/trainer-local.log"
+    assert "the trainer (rank1.exit) exited 3" in trainer_log.read_text()
+    assert str(trainer_log) in res.stderr.strip().splitlines()[-1]

@@ -51,16 +51,29 @@ def write_complete_marker(output_dir: str | Path, step: int, trainer: str) -> Pa
 
 
 class SignalFlag:
-    """Sets `.received` (the signal number) on USR2/TERM; the handler does nothing else (async-signal safe)."""
+    """Sets `.received` (the signal number) on USR2/TERM; the handler does nothing else (async-signal safe).
+
+    Until `training()` is called, after the run's first optimizer step (model loading, waiting for the server's
+    health), TERM ends the process at once with `EXIT_PREEMPTED`: nothing has been trained since the last
+    checkpoint, and the job's supervisor, which sends TERM to stop a trainer, would otherwise wait out its grace
+    and KILL it.
+    """
 
     SIGNALS = ("SIGUSR2", "SIGTERM")
 
     def __init__(self) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._started = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
+        if signum == signal.SIGTERM and not self._started:
+            raise SystemExit(EXIT_PREEMPTED)
+
+    def training(self) -> None:
+        """From here on TERM, too, is a flag honoured before the next optimizer step (checkpoint, then exit)."""
+        self._started = True
 
     @property
     def installed(self) -> bool:

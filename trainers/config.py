@@ -257,7 +257,13 @@ class TrainerConfig(_Strict):
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
     logging_steps: int = Field(default=1, ge=1)
     report_to: list[ReportTarget] = Field(default_factory=lambda: list(_DEFAULT_REPORT_TO))
-    resume: Literal["auto", "never"] = Field(default="auto", description="Resume from the newest checkpoint in output_dir.")
+    resume: Literal["auto", "never", "force"] = Field(
+        default="auto",
+        description="auto: resume from the newest checkpoint in output_dir when it was trained with this config "
+        "(except max_steps, save/log settings and the server address: launchgen.trainers.resume.MAY_CHANGE), refuse "
+        "otherwise; force: resume even if the config differs; never: start fresh (refused where output_dir holds "
+        "checkpoints, which a fresh run would overwrite).",
+    )
 
     @model_validator(mode="after")
     def _fill_trainer_defaults(self) -> TrainerConfig:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from launchgen.trainers import checkpoint as ckpt
+from launchgen.trainers import resume
 from launchgen.trainers.config import TrainerConfig, apply_override
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationBackend
@@ -82,6 +83,8 @@ class Trainer:
         acc = self._accelerator()
         self.objective: Objective = build_objective(cfg, acc.num_processes)
         self._refuse_passes_under_deepspeed()
+        # before any model is loaded: a checkpoint of another config is refused in seconds, not minutes
+        decision = resume.decide(cfg)
         set_seed(cfg.seed, device_specific=True)
         self.geometry = self.objective.geometry
         # Cheap, user-fixable inputs first, so their errors do not wait for a large model to load.
@@ -98,10 +101,12 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "resolved_config.yaml").write_text(cfg.to_yaml())
         self.resumed_from: Path | None = None
-        if cfg.resume == "auto":
-            latest = ckpt.latest_checkpoint(self.out)
-            if latest is not None:
-                self._resume(latest)
+        if decision.checkpoint is not None:
+            if decision.note and acc.is_main_process:
+                print(decision.note, flush=True)
+            self._resume(decision.checkpoint)
+            if acc.is_main_process and self.global_step < cfg.max_steps:
+                resume.reopen(cfg)
         self._tb = self._tensorboard()
         self._ready = True
 
@@ -195,6 +200,7 @@ class Trainer:
             "micro_step": self.micro_step,
             **self.source.state_dict(),
             "trainer": self.cfg.trainer,
+            resume.STATE_KEY: resume.fingerprint(self.cfg),
         }
 
     def save(self) -> Path:
@@ -314,6 +320,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         t_train += time.perf_counter() - ts
         self.global_step += 1
+        self.signals.training()  # progress since the last checkpoint: TERM now checkpoints first
         if self.source.needs_weight_sync:
             step_metrics["time/sync_weights"] = self._sync_weights()
         step_metrics.update(reduce_step(stats, acc, self._gather, self.objective.always_extremes))
@@ -380,6 +387,11 @@ class Trainer:
 def run(cfg: TrainerConfig) -> int:
     """Entry used by `launchgen.trainers.grpo` / `rloo` / `online_dpo` / `sft`; returns the process exit code."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    decision = resume.decide(cfg)
+    if decision.complete:
+        if os.environ.get("RANK", "0") == "0":
+            print(decision.note, flush=True)
+        return ckpt.EXIT_OK
     trainer = Trainer(cfg)
     # Installed before the (long) model loading so an early USR2/TERM is not fatal; honoured before the first step.
     trainer.signals.install()

@@ -16,13 +16,18 @@ the same lifecycle (server, health wait, trainer, teardown, logs). The script is
 spec, trainer config and accelerate config are embedded and written into the job directory when it starts.
 
 Runs the same checks as `launchgen check` first and refuses (exit 2) when there is an error. Only the script
-goes to stdout; warnings go to stderr.
+goes to stdout, and nothing at all on failure; warnings go to stderr.
+
+Write the script with -o FILE, the safe form: FILE is replaced only by a complete script (atomically), and an
+existing FILE is kept unless --force. With `> FILE` the shell empties FILE before launchgen even starts, so a
+failed render leaves an empty job script behind.
 
 \b
 Examples:
-  launchgen render topology.yaml > job.sbatch && sbatch job.sbatch
-  launchgen render topology.yaml -o job.sbatch            # refuses to overwrite; add --force
+  launchgen render topology.yaml -o job.sbatch && sbatch job.sbatch
+  launchgen render topology.yaml -o job.sbatch --force    # replace an existing job.sbatch
   launchgen render topology.yaml --bash -o job.sh && bash job.sh
+  launchgen render topology.yaml | less                   # stdout: the script only
 """
 
 

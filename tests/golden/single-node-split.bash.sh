@@ -25,8 +25,38 @@ lg_yaml_str() { local s=${1//\'/\'\'}; printf "'%s'" "$s"; }
 # ---- job directory, attempt, logs
 LG_JOB_ID=local
 LG_OUTPUT_DIR=launchgen-runs/%j
-lg_pct='%j'
-LG_JOB_DIR=${LG_OUTPUT_DIR//"$lg_pct"/$LG_JOB_ID}
+LG_JOB_NAME=grpo-split
+LG_ARRAY_JOB_ID=$LG_JOB_ID
+# job.output_dir is expanded here, on the node, and only this way (no eval, no globbing, no command substitution):
+# a leading ~ is $HOME, $NAME / ${NAME} an environment variable (unset: an error), %j the job id, %x the job name,
+# %A the array's job id (the job id outside arrays), %u the user, %% a %
+lg_expand_pct() {
+  local s=$1 pct='%' mark=$'\x01'
+  s=${s//"$pct$pct"/$mark}
+  s=${s//"${pct}j"/$LG_JOB_ID}
+  s=${s//"${pct}x"/$LG_JOB_NAME}
+  s=${s//"${pct}A"/$LG_ARRAY_JOB_ID}
+  s=${s//"${pct}u"/${USER:-$(id -un)}}
+  printf '%s' "${s//$mark/$pct}"
+}
+lg_expand_dir() {
+  local rest=$1 out="" name tilde='~'
+  if [[ $rest == "$tilde" || $rest == "$tilde/"* ]]; then
+    out=$HOME
+    rest=${rest:1}
+  fi
+  while [[ $rest =~ ^([^\$]*)\$(\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$ ]]; do
+    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
+    if [[ ! -v $name ]]; then
+      lg_log "ERROR: job.output_dir ($1) uses \$$name, which is not set here (${SLURMD_NODENAME:-$HOSTNAME})"
+      return 1
+    fi
+    out+=$(lg_expand_pct "${BASH_REMATCH[1]}")${!name}
+    rest=${BASH_REMATCH[5]}
+  done
+  printf '%s\n' "$out$(lg_expand_pct "$rest")"
+}
+LG_JOB_DIR=$(lg_expand_dir "$LG_OUTPUT_DIR")
 mkdir -p -- "$LG_JOB_DIR"
 LG_JOB_DIR=$(cd -- "$LG_JOB_DIR" && pwd -P)
 # each attempt (requeue, or a re-run under --bash) gets fresh log and pid directories
@@ -408,7 +438,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_381FD946E091F7AA'
 }
 LAUNCHGEN_EOF_381FD946E091F7AA
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_37E452B8BC4C2130'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_3466C331F1AB0835'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -490,29 +520,38 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # USR2 is ignored from here on, and children inherit that: accelerate launch would die of it. The trainer
 # processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
 trap '' USR2
+# TERM for the whole step (sent only while the trainer is still starting) must not end this script first
+trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
-if ((lg_rc != 0)); then
-  # accelerate launch reports any failed process as 1: exit with a trainer's own status instead
-  for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
-    [[ -f $lg_f ]] || continue
-    read -r lg_code <"$lg_f" || continue
-    if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)); then
-      lg_log "accelerate launch exited $lg_rc; the trainer (${lg_f##*/}) exited $lg_code"
-      lg_rc=$lg_code
-      break
-    fi
-  done
+# The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# crash of one rank outweighs another's clean stop.
+lg_own=0
+lg_from=""
+for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
+  [[ -f $lg_f ]] || continue
+  read -r lg_code <"$lg_f" || continue
+  if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)) && ((lg_own == 0 || lg_own == 75)); then
+    lg_own=$lg_code
+    lg_from=${lg_f##*/}
+  fi
+done
+if ((lg_own != 0)); then
+  lg_log "accelerate launch exited $lg_rc; the trainer ($lg_from) exited $lg_own"
+  lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_37E452B8BC4C2130
+LAUNCHGEN_EOF_3466C331F1AB0835
 
-cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_23FB634DF72BCDDF'
+cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
 # launchgen: send a signal to the trainer processes of this node (their pid files), e.g. USR2 = checkpoint now.
 set -euo pipefail
 LG_NODE=local
 sig=${1:-USR2}
+# strict: exit 1 when no trainer process was reached here (the caller then signals the whole step)
+strict=${2:-}
 sent=0
 shopt -s nullglob
 for f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.pid; do
@@ -525,7 +564,10 @@ for f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.pid; do
   fi
 done
 TZ=UTC printf '%(%Y-%m-%dT%H:%M:%SZ)T launchgen: %s: sent %s to %d trainer process(es)\n' -1 "$LG_NODE" "$sig" "$sent"
-LAUNCHGEN_EOF_23FB634DF72BCDDF
+if [[ $strict == strict ]] && ((sent == 0)); then
+  exit 1
+fi
+LAUNCHGEN_EOF_A452CD4A68ACEE43
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_C12962E5A0FB2FC7'
 #!/bin/bash
@@ -645,9 +687,9 @@ LG_SERVER_HOST_YAML=$(lg_yaml_str "$LG_SERVER_HOST")
 LG_SERVER_LOG=$LG_LOG_DIR/server-$LG_SERVER_LEADER.log
 export LG_SERVER_NODES LG_SERVER_LEADER LG_SERVER_HOST LG_SERVER_HOST_YAML
 LG_PORT_OFFSET=0
-LG_MAIN_PROCESS_PORT=$((29500 + LG_PORT_OFFSET))
+LG_MAIN_PROCESS_PORT=$((29500 + LG_PORT_OFFSET >= 32768 ? 29500 + LG_PORT_OFFSET - 10000 : 29500 + LG_PORT_OFFSET))
 LG_SERVER_PORT=$((8000 + LG_PORT_OFFSET))
-LG_GROUP_PORT=$((29510 + LG_PORT_OFFSET))
+LG_GROUP_PORT=$((29510 + LG_PORT_OFFSET >= 32768 ? 29510 + LG_PORT_OFFSET - 10000 : 29510 + LG_PORT_OFFSET))
 export LG_PORT_OFFSET LG_MAIN_PROCESS_PORT LG_SERVER_PORT LG_GROUP_PORT
 lg_log "nodes: ${LG_NODE_LIST}; ports: main_process=$LG_MAIN_PROCESS_PORT server_http=$LG_SERVER_PORT group=$LG_GROUP_PORT"
 # launchgen-plan.json: the plan with this attempt's node names, ports and log paths (for `launchgen status`)
@@ -692,31 +734,47 @@ LG_TRAINER_PID=""
 LG_USR2=0
 LG_USR2_DEADLINE=0
 LG_FINISHED=0
+# the trainer processes (their pid files, on every trainer node) get a signal from a small step that overlaps the
+# trainer's (at most 15 s: a slow controller must not eat the grace); `strict`: fail where a node has no live
+# trainer process yet (still starting)
+lg_signal_trainers() {
+  bash "$LG_JOB_DIR/steps/signal.sh" "$@" >>"$LG_LOG_DIR/signal.log" 2>&1 </dev/null
+}
 # a step is a process group (setsid): signal the whole tree
-lg_kill() { kill -s "$1" -- "-$2" 2>/dev/null || true; }
+lg_step_signal() { kill -s "$1" -- "-$2" 2>/dev/null || true; }
+lg_kill() { lg_step_signal KILL "$1" "$2"; }
+# TERM to a role. The trainer processes get it through their pid files, like USR2: accelerate launch answers TERM
+# by killing its children 5 s later, too soon for a checkpoint. A trainer still starting gets it as a step.
+lg_term() {
+  local role=$1 pid=$2
+  if [[ $role == trainer ]] && lg_signal_trainers TERM strict; then
+    return 0
+  fi
+  lg_step_signal TERM "$pid" "$role"
+}
 lg_stop() {
-  local pid=$1 name=$2 i
+  local pid=$1 name=$2 role=$3 i
   [[ -n $pid ]] || return 0
   if kill -0 "$pid" 2>/dev/null; then
-    lg_log "stopping the $name (TERM)"
-    lg_kill TERM "$pid"
+    lg_log "stopping the $name (TERM, then KILL after 30 s)"
+    lg_term "$role" "$pid"
     for ((i = 0; i < 30; i++)); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 1
     done
     if kill -0 "$pid" 2>/dev/null; then
       lg_log "the $name did not stop within 30 s (KILL)"
-      lg_kill KILL "$pid"
+      lg_kill "$pid" "$role"
     fi
   fi
   # children that outlived their group leader
-  lg_kill KILL "$pid"
+  lg_kill "$pid" "$role"
   wait "$pid" 2>/dev/null || true
 }
 lg_stop_all() {
-  lg_stop "$LG_TRAINER_PID" trainer
+  lg_stop "$LG_TRAINER_PID" trainer trainer
   LG_TRAINER_PID=""
-  lg_stop "$LG_SERVER_PID" "vLLM server"
+  lg_stop "$LG_SERVER_PID" "vLLM server" server
   LG_SERVER_PID=""
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
@@ -743,7 +801,7 @@ lg_on_usr2() {
   lg_event "usr2"
   lg_log "USR2: the time limit is near; asking the trainer processes to checkpoint"
   # accelerate launch neither forwards USR2 nor survives it, so the trainer processes are signalled by PID
-  bash "$LG_JOB_DIR/steps/signal.sh" USR2 >>"$LG_LOG_DIR/signal.log" 2>&1 </dev/null &
+  lg_signal_trainers USR2 &
 }
 trap lg_on_exit EXIT
 trap 'lg_on_signal TERM 143' TERM
@@ -766,6 +824,22 @@ LG_TRAINER_PID=$!
 
 # ---- watch both sides and the server's health every 1 s
 LG_RC=0
+LG_TRAINER_FAILED=0
+# the log of the trainer node whose trainer failed (its exit file), else the first trainer node's
+lg_failed_trainer_log() {
+  local -a nodes
+  local n f code
+  read -r -a nodes <<<"$LG_TRAIN_NODES"
+  for n in "${nodes[@]}"; do
+    for f in "$LAUNCHGEN_PID_DIR/$n"/rank*.exit; do
+      if [[ -f $f ]] && read -r code <"$f" && [[ $code != 0 ]]; then
+        echo "$LG_LOG_DIR/trainer-$n.log"
+        return 0
+      fi
+    done
+  done
+  echo "$LG_LOG_DIR/trainer-${nodes[0]}.log"
+}
 LG_HEALTH_URL="http://$LG_SERVER_HOST:$LG_SERVER_PORT/health"
 LG_HEALTHY=0
 LG_HEALTH_DEADLINE=$((SECONDS + 900))
@@ -793,7 +867,7 @@ while :; do
     LG_FINISHED=1
     LG_TRAINER_RC=0
     if kill -0 "$LG_TRAINER_PID" 2>/dev/null; then
-      lg_stop "$LG_TRAINER_PID" trainer
+      lg_stop "$LG_TRAINER_PID" trainer trainer
     else
       wait "$LG_TRAINER_PID" || LG_TRAINER_RC=$?
     fi
@@ -811,6 +885,10 @@ while :; do
     LG_FINISHED=1
     lg_event "trainer_exit status=$LG_RC"
     lg_log "the trainer exited with status $LG_RC"
+    # 75: it checkpointed on a signal and stopped (requeue or re-run to resume), not a failure
+    if ((LG_RC != 0 && LG_RC != 75)); then
+      LG_TRAINER_FAILED=1
+    fi
     break
   fi
   if ((LG_HEALTHY == 0)); then
@@ -831,7 +909,7 @@ while :; do
     # and stop, leaving time to requeue before the limit
     lg_log "the trainer still runs 150 s after USR2: stopping it"
     LG_USR2_DEADLINE=$((SECONDS + 1000000))
-    lg_kill TERM "$LG_TRAINER_PID"
+    lg_term trainer "$LG_TRAINER_PID"
   fi
   # sleep in the background so traps (USR2, TERM) run at once
   sleep 1 &
@@ -846,5 +924,9 @@ if [[ -f $LG_COMPLETE_MARKER ]]; then
   lg_log "training complete ($LG_COMPLETE_MARKER)"
 elif ((LG_USR2)); then
   lg_log "stopped by USR2 before training completed: run this script again to resume from the last checkpoint"
+fi
+# the job's last line says where the trainer's error is (a server failure has named the server's log already)
+if ((LG_TRAINER_FAILED)); then
+  lg_log "ERROR: the trainer failed (exit status $LG_RC); see $(lg_failed_trainer_log)"
 fi
 exit "$LG_RC"

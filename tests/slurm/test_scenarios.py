@@ -418,6 +418,9 @@ def test_pre_timeout_signal_checkpoints_requeues_and_resumes(cluster: Cluster, w
     t0 = [n for n in j.logs() if n.startswith("attempt-0/trainer-")]
     t1 = [n for n in j.logs() if n.startswith("attempt-1/trainer-")]
     assert t0 and t1, j.logs()
+    # the clean preemption (exit 75) reads as one: no accelerate CalledProcessError traceback in the trainer log
+    text0 = j.logs()[t0[0]].read_text(errors="replace")
+    assert "exiting 75" in text0 and "CalledProcessError" not in text0 and "Traceback" not in text0, text0[-3000:]
     assert_no_survivors(cluster, j)
 
 

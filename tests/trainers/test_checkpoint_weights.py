@@ -27,6 +27,7 @@ def test_latest_ignores_tmp_and_incomplete(tmp_path: Path) -> None:
 def test_signal_flag_sets_and_restores(sig: int) -> None:
     before = signal.getsignal(sig)
     flag = ckpt.SignalFlag().install()
+    flag.training()
     try:
         assert flag.received is None
         os.kill(os.getpid(), sig)
@@ -34,6 +35,19 @@ def test_signal_flag_sets_and_restores(sig: int) -> None:
     finally:
         flag.uninstall()
     assert signal.getsignal(sig) == before
+
+
+def test_term_before_training_exits_preempted_usr2_stays_a_flag() -> None:
+    flag = ckpt.SignalFlag().install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert flag.received == signal.SIGUSR2
+        with pytest.raises(SystemExit) as exc:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.1)  # let the handler run here
+        assert exc.value.code == ckpt.EXIT_PREEMPTED
+    finally:
+        flag.uninstall()
 
 
 def test_clean_name_strips_wrappers_only() -> None:

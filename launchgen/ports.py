@@ -1,0 +1,65 @@
+"""Port rules: the valid and ephemeral ranges, and how `job.port_offset: job_id` shifts a port at run time.
+
+The shift is `(job_id % 1000) * 10` (0..9990), so two jobs on one node get ports 10 apart. A port below the
+ephemeral range that the shift would carry into it (e.g. the default group_port 29551 + 9990 = 39541) wraps down
+by `WRAP` instead, so it stays in `WRAP_LOW`..32767: no shifted port of a safe base ever enters the range
+32768-60999, where the kernel hands out the source ports of outgoing connections and a listener can find its port
+taken. Distinct offsets still give distinct ports (the offsets differ by less than `WRAP`).
+
+`shift` is the Python rule (checks, tests); `shell_expr` renders the same rule for the job scripts.
+"""
+
+from __future__ import annotations
+
+PORT_MIN, PORT_MAX = 1024, 65535
+EPHEMERAL_LOW, EPHEMERAL_HIGH = 32768, 60999
+#: Largest run-time shift of `job.port_offset: job_id`: (job_id % 1000) * 10.
+MAX_OFFSET = 999 * 10
+#: Every run-time offset of `job.port_offset: job_id`.
+OFFSETS = range(0, MAX_OFFSET + 1, 10)
+#: A shifted port that would enter the ephemeral range moves down by this much (> MAX_OFFSET keeps them distinct).
+WRAP = 10000
+#: The lowest port a wrapped port can land on.
+WRAP_LOW = EPHEMERAL_LOW - WRAP
+
+
+def offset_for(job_id: int) -> int:
+    return (job_id % 1000) * 10
+
+
+def shift(base: int, offset: int) -> int:
+    """The port `base` listens on with the run-time `offset` (0..MAX_OFFSET)."""
+    port = base + offset
+    if base < EPHEMERAL_LOW <= port:
+        port -= WRAP
+    return port
+
+
+def shifted_range(base: int) -> tuple[int, int]:
+    """The lowest and highest value `base` can take over every offset."""
+    values = [shift(base, o) for o in OFFSETS]
+    return min(values), max(values)
+
+
+def in_ephemeral(port: int) -> bool:
+    return EPHEMERAL_LOW <= port <= EPHEMERAL_HIGH
+
+
+def shell_expr(base: int, offset_var: str) -> str:
+    """`shift(base, $offset_var)` as a bash arithmetic expansion (base is an int from the plan, never spec text)."""
+    b = int(base)
+    if b >= EPHEMERAL_LOW or b + MAX_OFFSET < EPHEMERAL_LOW:  # no offset can carry it into the range
+        return f"$(({b} + {offset_var}))"
+    return f"$(({b} + {offset_var} >= {EPHEMERAL_LOW} ? {b} + {offset_var} - {WRAP} : {b} + {offset_var}))"
+
+
+
+def same_job_clash(a: int, b: int) -> int | None:
+    """An offset at which two different base ports of one job land on the same port, if any (the wrap can do it)."""
+    return next((o for o in OFFSETS if a != b and shift(a, o) == shift(b, o)), None)
+
+
+def cross_job_clash(a: int, b: int) -> tuple[int, int] | None:
+    """Offsets (of a, of b) of two jobs at which port a of one lands on port b of the other, if any."""
+    at = {shift(a, o): o for o in OFFSETS}
+    return next(((at[p], o) for o in OFFSETS if (p := shift(b, o)) in at and at[p] != o), None)

@@ -1,0 +1,79 @@
+"""Warnings `check` gives without --live (issue 17): bf16 on a pre-Ampere gpu_type (LG620), idle GPUs on trainer
+nodes beside a server that shares node 0 (LG106), a health timeout too short for a local model's size (LG820)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launchgen.checks import run_checks
+from launchgen.hfcache import ModelConfig
+from launchgen.loader import load_spec_text
+from launchgen.static_checks import parameter_count, pre_ampere
+
+QWEN2_72B = {"hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 29568, "vocab_size": 152064,
+             "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False}
+QWEN2_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944, "vocab_size": 152064,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "tie_word_embeddings": False}
+
+
+def _issues(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    base: dict[str, Any] = {"job": {"name": "w"}, "slurm": {"gpus_per_node": 8}, "model": {"name_or_path": "m"},
+                            "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4},
+                            "train": {"args": {"data": {"path": "d.jsonl"}}}}
+    for k, v in spec.items():
+        base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
+    _plan, issues = run_checks(load_spec_text(yaml.safe_dump(base, sort_keys=False), "w.yaml"))
+    return [(i.code, i.path, i.message) for i in issues]
+
+
+@pytest.mark.parametrize("gpu_type", ["v100", "tesla_v100-sxm2-32gb", "t4", "p100", "V100S"])
+def test_bf16_on_a_pre_ampere_gpu_type_warns_without_live(gpu_type: str) -> None:
+    found = [i for i in _issues({"slurm": {"gpus_per_node": 8, "gpu_type": gpu_type}}) if i[0] == "LG620"]
+    assert found and found[0][1] == "slurm.gpu_type" and "bf16" in found[0][2], found
+    # fp16 is what these GPUs train in: no warning
+    assert "LG620" not in [i[0] for i in _issues({"slurm": {"gpus_per_node": 8, "gpu_type": gpu_type},
+                                                   "train": {"precision": "fp16",
+                                                             "args": {"data": {"path": "d.jsonl"}}}})]
+
+
+@pytest.mark.parametrize("gpu_type", ["a100", "h100", "l40s", "a10g", "h200", "gh200", "rtx4090", "b200"])
+def test_ampere_and_newer_do_not_warn(gpu_type: str) -> None:
+    assert pre_ampere(gpu_type) is None
+
+
+def test_idle_gpus_of_trainer_nodes_beside_a_server_on_node_0_are_reported() -> None:
+    issues = _issues({"train": {"nodes": 2, "args": {"data": {"path": "d.jsonl"}}}})
+    idle = [m for code, _, m in issues if code == "LG106"]
+    assert idle == ["GPU(s) 0, 1, 2, 3 of trainer node 1 are used by no role"], issues
+    assert not [m for code, _, m in _issues({}) if code == "LG106"]  # one node: every GPU has a role
+
+
+def _model(tmp_path: Path, cfg: dict[str, Any]) -> str:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def test_health_timeout_too_short_for_a_local_72b_warns_with_an_estimate(tmp_path: Path) -> None:
+    assert parameter_count(ModelConfig("x", QWEN2_72B)) == pytest.approx(72.7e9, rel=0.02)
+    issues = _issues({"model": {"name_or_path": _model(tmp_path, QWEN2_72B)},
+                      "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4,
+                               "health_timeout": 900}})
+    [msg] = [m for code, path, m in issues if code == "LG820" and path == "vllm.health_timeout"]
+    assert "900 s" in msg and "72.7B" in msg and "expect about" in msg, msg
+
+
+def test_a_7b_or_a_generous_timeout_does_not_warn(tmp_path: Path) -> None:
+    small = _issues({"model": {"name_or_path": _model(tmp_path, QWEN2_7B)}})
+    assert "LG820" not in [c for c, _, _ in small]
+    (tmp_path / "model" / "config.json").write_text(json.dumps(QWEN2_72B))
+    generous = _issues({"model": {"name_or_path": str(tmp_path / "model")},
+                        "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4,
+                                 "health_timeout": 3600}})
+    assert "LG820" not in [c for c, _, _ in generous]

@@ -1,0 +1,128 @@
+"""Whether a run may resume from the checkpoints in its output_dir: the one owner of that rule.
+
+Every checkpoint records the resolved config it was trained with (`trainer_state.json`, key `config`), less the
+fields in `MAY_CHANGE`. A run resumes only when its own config matches the newest checkpoint's; otherwise it
+refuses (a `TrainerSetupError`, exit 2, before any model is loaded) and names the fields that differ, how to start
+fresh and how to force it (`resume: force`). `resume: never` into a directory that holds checkpoints is refused
+too: the fresh run would overwrite and prune them. A run whose output_dir already holds the complete marker of a
+training at least `max_steps` long, with a matching config, says so and does nothing: re-running a finished job
+must not retrain it or rewrite `final/`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launchgen.trainers import checkpoint as ckpt
+from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.errors import TrainerSetupError
+
+#: Dotted config paths that may differ between a checkpoint and the run resuming it; every other field must match.
+MAY_CHANGE: tuple[str, ...] = (
+    "output_dir",  # the job directory may be moved or copied with its checkpoints
+    "max_steps",  # extend (or shorten) a run
+    "save_steps",
+    "save_total_limit",
+    "save_final_model",
+    "logging_steps",
+    "report_to",
+    "resume",
+    "max_tokens_per_forward",  # memory only: each micro-batch's gradient is the same
+    "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational
+)
+#: Key of the recorded config in a checkpoint's trainer_state.json.
+STATE_KEY = "config"
+#: How many differing fields an error lists.
+SHOWN = 6
+_MISSING = object()  # a field one side of a comparison lacks
+
+
+def fingerprint(cfg: TrainerConfig) -> dict[str, Any]:
+    """The resolved config as JSON, without the fields that may change across a resume."""
+    data: dict[str, Any] = cfg.model_dump(mode="json")
+    for path in MAY_CHANGE:
+        *parents, leaf = path.split(".")
+        node: Any = data
+        for p in parents:
+            node = node.get(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return data
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted field, checkpoint's value, this run's value) for every field that differs, sorted by field."""
+    a, b = _flatten(saved), _flatten(current)
+    return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(a.keys() | b.keys())
+            if a.get(k, _MISSING) != b.get(k, _MISSING)]
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    checkpoint: Path | None  # resume from here; None: start fresh
+    complete: bool = False  # nothing to do: a matching training already reached max_steps
+    note: str | None = None  # a line to print (rank 0)
+
+
+def _shown(v: Any) -> str:
+    return "(unset)" if v is _MISSING else json.dumps(v)
+
+
+def _mismatch_error(cfg: TrainerConfig, path: Path, diffs: list[tuple[str, Any, Any]]) -> TrainerSetupError:
+    listed = "; ".join(f"{k}: {_shown(old)} in the checkpoint, {_shown(new)} now" for k, old, new in diffs[:SHOWN])
+    more = f" (+{len(diffs) - SHOWN} more)" if len(diffs) > SHOWN else ""
+    return TrainerSetupError(
+        f"resume: {path} was trained with a different config ({listed}{more}); refusing to continue it with this "
+        f"one. To start fresh, use a new output directory (job.output_dir) or move {cfg.output_dir}/checkpoint-* "
+        "away; to continue that training with this config anyway, set resume: force (train.args.resume in the "
+        "spec). Fields that may change across a resume: " + ", ".join(MAY_CHANGE)
+    )
+
+
+def decide(cfg: TrainerConfig) -> ResumeDecision:
+    """What this run does with its output_dir: start fresh, resume from a checkpoint, or nothing (complete)."""
+    out = Path(cfg.output_dir)
+    found = ckpt.list_checkpoints(out)
+    if found and cfg.resume == "never":
+        # a fresh run would overwrite (and prune, save_total_limit) the checkpoints that are there
+        raise TrainerSetupError(
+            f"resume: never, but {found[-1][1]} exists: a fresh run here would overwrite and prune the "
+            f"checkpoints in {out}. Use a new output directory (job.output_dir) or move them away; to continue "
+            "them, set resume: auto")
+    if not found:
+        return ResumeDecision(None)
+    step, path = found[-1]
+    state = json.loads((path / ckpt.STATE_FILE).read_text())
+    saved = state.get(STATE_KEY)
+    note = None
+    if saved is None:
+        note = f"[launchgen] resume: {path} records no config (written before launchgen checked it): not compared"
+    elif cfg.resume != "force":
+        diffs = differences(saved, fingerprint(cfg))
+        if diffs:
+            raise _mismatch_error(cfg, path, diffs)
+    elif differences(saved, fingerprint(cfg)):
+        note = f"[launchgen] resume: force: continuing {path} although the config differs"
+    if (out / ckpt.COMPLETE_MARKER).is_file() and step >= cfg.max_steps:
+        return ResumeDecision(path, complete=True, note=(
+            f"[launchgen] training already complete: {out / ckpt.COMPLETE_MARKER} (step {step}, max_steps "
+            f"{cfg.max_steps}); nothing to do. Raise max_steps to train further, or use a new output directory."))
+    return ResumeDecision(path, note=note)
+
+
+def reopen(cfg: TrainerConfig) -> None:
+    """Rank 0, resuming past a finished training (max_steps raised): the old complete marker is no longer true,
+    and the job scripts read it to decide whether to requeue."""
+    (Path(cfg.output_dir) / ckpt.COMPLETE_MARKER).unlink(missing_ok=True)
