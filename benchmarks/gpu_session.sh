@@ -19,7 +19,7 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
 STEPS=${STEPS:-liger_parity,trainer_smoke,weight_sync_1gpu,grpo_vs_trl_cfg1}
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 want liger_parity && step liger_parity 150 python3 "$REPO/benchmarks/liger_parity.py"
-want trainer_smoke && step trainer_smoke 170 bash "$REPO/benchmarks/trainer_gpu_smoke.sh" /tmp/smoke
+want trainer_smoke && step trainer_smoke 300 bash "$REPO/benchmarks/trainer_gpu_smoke.sh" /tmp/smoke
 want weight_sync_1gpu && step weight_sync_1gpu 60 python3 "$REPO/benchmarks/weight_sync_nccl.py" gpu --trainer-gpu 0 --server-gpu 0 --shapes 0.5b --syncs 3
 want grpo_vs_trl_cfg1 && step grpo_vs_trl_cfg1 170 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full,train --out "$OUT/bench" --workdir /tmp/bench
 # Training phase alone: compiled layers (the CUDA default) against uncompiled, and the config-2 memory knobs.
@@ -43,5 +43,10 @@ want final_c2 && step final_c2 200 python3 "$REPO/benchmarks/grpo_vs_trl.py" --c
   --out "$OUT/final_c2" --workdir /tmp/bench
 want final_c2_trl && step final_c2_trl 260 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 2 --modes full \
   --trainers trl --out "$OUT/final_c2_trl" --workdir /tmp/bench
+# launchgen alone (no TRL wheels needed): config 1 full steps and training phase, and the decode paths at config 1
+# with their bitwise/log-prob checks; the after-refactor check (issue 11)
+want lg_c1 && step lg_c1 200 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full,train \
+  --trainers launchgen --out "$OUT/lg_c1" --workdir /tmp/bench
+want decode_c1 && step decode_c1 200 python3 "$REPO/benchmarks/decode_gpu_check.py" --configs 1 --out "$OUT/decode_c1"
 want decode && step decode 300 python3 "$REPO/benchmarks/decode_gpu_check.py" --configs 1,3,2 --out "$OUT/decode"
 exit 0

@@ -271,7 +271,7 @@ def gpu_indices_unique(ctx: Ctx) -> Iterator[Issue]:
 @check("LG103", "LG104")
 def server_trainer_disjoint(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
-    if v is None or not ctx.shared_node:
+    if v is None or not ctx.shared_node or v.device == "cpu":  # a CPU server takes no GPUs (LG915 if given)
         return
     if v.gpus is None:
         yield ctx.issue("LG104", "vllm.gpus",

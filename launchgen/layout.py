@@ -49,6 +49,7 @@ class Layout:
     server_gpus: tuple[int, ...]  # on every server node; () when a shared server names none
     tensor_parallel_size: int
     data_parallel_size: int
+    server_cpu: bool = False  # a CPU vLLM server (vllm.device: cpu): no server GPUs
 
     @property
     def shared(self) -> bool:
@@ -140,7 +141,7 @@ def _server_positions(spec: Spec) -> tuple[int, ...]:
 
 def _server_gpus(spec: Spec) -> tuple[int, ...]:
     v = spec.vllm
-    if v is None or v.mode != "server":
+    if v is None or v.mode != "server" or v.device == "cpu":
         return ()
     if v.gpus is not None:
         return tuple(v.gpus)
@@ -169,4 +170,5 @@ def resolve_layout(spec: Spec) -> Layout:
         trainer_gpus=_trainer_gpus(spec, server_gpus, shared), server_gpus=server_gpus,
         tensor_parallel_size=v.tensor_parallel_size if v is not None else 1,
         data_parallel_size=v.data_parallel_size if v is not None else 1,
+        server_cpu=v is not None and v.mode == "server" and v.device == "cpu",
     )

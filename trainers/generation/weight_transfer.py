@@ -418,6 +418,17 @@ class NCCLTransport:
                     setattr(comm.group, attr, None)
 
 
+def renewed(transport: Transport) -> Transport:
+    """An unconnected transport of the same kind and device, to host a new group after the old one broke."""
+    if isinstance(transport, NCCLTransport):
+        return NCCLTransport(transport.device)
+    if isinstance(transport, GlooTransport):
+        return GlooTransport()
+    if isinstance(transport, TorchNCCLTransport):
+        return TorchNCCLTransport(transport._group.device)
+    raise TransportError(f"cannot rebuild a weight-transfer group of {type(transport).__name__}")
+
+
 def make_transport(kind: str | None, device: torch.device | None) -> Transport:
     """`nccl` (vLLM helpers, default), `gloo` (CPU tests) or `torch-nccl` (stand-in on GPUs without vllm)."""
     kind = (kind or os.environ.get(TRANSPORT_ENV) or "nccl").strip().lower()

