@@ -38,7 +38,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def _spec(tmp_path: Path, real_venv: Path, real_model: Path) -> Path:
+def _spec(tmp_path: Path, real_venv: Path, real_model: Path) -> tuple[Path, int]:
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec["model"]["name_or_path"] = str(real_model)
     spec["vllm"].update(executable=[str(real_venv / "bin" / "python"), "-m", WRAPPER_MODULE],
@@ -50,13 +50,13 @@ def _spec(tmp_path: Path, real_venv: Path, real_model: Path) -> Path:
     spec["job"]["output_dir"] = str(tmp_path / "runs" / "%j")
     path = tmp_path / "local-cpu-server.yaml"
     path.write_text(yaml.safe_dump(spec))
-    return path
+    return path, spec["vllm"]["port"]
 
 
 def test_rendered_bash_script_runs_the_loop_and_leaves_nothing_behind(
     tmp_path: Path, real_venv: Path, real_model: Path
 ) -> None:
-    spec = _spec(tmp_path, real_venv, real_model)
+    spec, port = _spec(tmp_path, real_venv, real_model)
     script = tmp_path / "cpu-server.sh"
     launchgen = [str(Path(sys.executable).with_name("launchgen"))]
     check = subprocess.run([*launchgen, "check", str(spec)], capture_output=True, text=True)
@@ -79,5 +79,7 @@ def test_rendered_bash_script_runs_the_loop_and_leaves_nothing_behind(
     server_log = next(job.rglob("server-*.log")).read_text(errors="replace")
     assert "Creating weight transfer engine: GlooWeightTransferEngine" in server_log
     assert "Application startup complete" in server_log
-    leftovers = _processes_mentioning(str(real_model))
+    # This run's processes only: the server by its own port, the trainer by its config under tmp_path. The
+    # session's shared server serves the same model directory and is alive whenever a test before this one used it.
+    leftovers = _processes_mentioning(f"--port {port} ") + _processes_mentioning(str(tmp_path))
     assert not leftovers, f"processes outlived the job ({elapsed:.0f} s):\n" + "\n".join(leftovers)
