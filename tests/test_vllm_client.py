@@ -115,7 +115,20 @@ def test_logprob_parsing_handles_none_and_nan() -> None:
 
 
 # -- dev routes and their error semantics ---------------------------------------------------------------------
-def test_weight_update_lifecycle_errors(client: VLLMClient, server: Standin) -> None:
+def test_weight_update_lifecycle_errors(tiny_model_dir: Path, logdir: Path) -> None:
+    # Its own server: a failed update leaves the layers mid-reload and the next generation kills the engine (as in
+    # vLLM), so sharing the module's server would break whichever test runs after this one.
+    server = start_standin(tiny_model_dir, logdir, extra_args=["--tensor-parallel-size", "2", "--max-model-len", "64"])
+    client = VLLMClient("127.0.0.1", server.port, request_timeout=60, control_timeout=30)
+    try:
+        client.wait_for_health(30)
+        _weight_update_lifecycle(client, server)
+    finally:
+        client.close()
+        server.stop()
+
+
+def _weight_update_lifecycle(client: VLLMClient, server: Standin) -> None:
     client.start_weight_update()
     with pytest.raises(VLLMServerError, match="already active") as err:
         client.start_weight_update()
@@ -145,6 +158,11 @@ def test_weight_update_lifecycle_errors(client: VLLMClient, server: Standin) -> 
     assert client.is_sleeping()
     client.wake_up(["weights", "kv_cache"])
     assert not client.is_sleeping()
+    # the update that failed above left the layers mid-reload: the first generation kills the engine
+    model = client.models()[0]["id"]
+    with pytest.raises(VLLMServerError, match="HTTP 500: EngineCore encountered an issue"):
+        client.completions(model, [[1, 2]], 1, SamplingParams(max_tokens=2))
+    server.proc.wait(timeout=30)
 
 
 def test_startup_delay_then_missing_weight_transfer_config_names_the_flag(tiny_model_dir: Path, logdir: Path) -> None:
