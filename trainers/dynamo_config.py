@@ -9,6 +9,7 @@ warning, and so compilation is neither lost silently nor turned into a crash.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -52,3 +53,14 @@ def raise_recompile_limit(at_least: int) -> None:
     if name is not None:
         cfg = _config()
         setattr(cfg, name, max(int(getattr(cfg, name)), at_least))
+
+
+def recompile_limit_raised(at_least: int) -> contextlib.AbstractContextManager[Any]:
+    """The limit raised to `at_least` for the duration of a block only (torch without
+    `torch.compile(recompile_limit=)`); restored exactly afterwards by dynamo's own `patch`."""
+    name = recompile_limit_name()
+    if name is None:
+        return contextlib.nullcontext()
+    cfg = _config()
+    patched: contextlib.AbstractContextManager[Any] = cfg.patch({name: max(int(getattr(cfg, name)), at_least)})
+    return patched

@@ -193,3 +193,17 @@ def test_a_hidden_recompile_limit_is_restored_and_compiling_still_works(tiny_mod
         with torch.no_grad():
             model(input_ids=ids)
     assert dynamo_eager["stats"]["unique_graphs"] >= 1  # it compiled, not fell back to eager
+
+
+def test_recompile_limit_raised_for_a_block_only_and_never_lowered() -> None:
+    import torch._dynamo.config as dynamo_config
+    from launchgen.trainers import dynamo_config as ours
+
+    name = ours.recompile_limit_name()
+    assert name is not None
+    with dynamo_config.patch({name: 5}):
+        with ours.recompile_limit_raised(64):
+            assert getattr(dynamo_config, name) == 64
+        assert getattr(dynamo_config, name) == 5  # restored exactly
+        with dynamo_config.patch({name: 100}), ours.recompile_limit_raised(64):
+            assert getattr(dynamo_config, name) == 100  # a user's higher limit stays

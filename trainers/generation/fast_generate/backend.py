@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from ...dynamo_config import recompile_limit_raised
 from ..protocol import GenerationOutput, SamplingParams
 from .attention import _ATTN_NAME, _register_attention
 from .fused import _fused_decoder_layer, _fused_final, _fused_spec, _FusedSpec, _layer_weights, _LayerWeights
-from .recompile import _RECOMPILE_LIMIT, _no_recompile, _recompile_limit_patch
+from .recompile import _RECOMPILE_LIMIT, _no_recompile
 from .state import _SamplerKey, _State, _StaticKV
 
 if TYPE_CHECKING:
@@ -212,7 +213,7 @@ class FastGenerateBackend:
         try:
             amp = (torch.autocast(self.device.type, dtype=self.amp_dtype, cache_enabled=False)
                    if self.amp_dtype is not None else contextlib.nullcontext())
-            limit = (_recompile_limit_patch() if self._compiled and self._patch_recompile_limit
+            limit = (recompile_limit_raised(_RECOMPILE_LIMIT) if self._compiled and self._patch_recompile_limit
                      else contextlib.nullcontext())
             with rng, torch.inference_mode(), self._maskable_attention(), amp, limit:
                 if seed is not None:

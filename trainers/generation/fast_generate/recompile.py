@@ -12,18 +12,6 @@ import torch
 _RECOMPILE_LIMIT = 64
 
 
-def _recompile_limit_patch() -> contextlib.AbstractContextManager[Any]:
-    """Raise dynamo's recompile limit for the duration of a call (torch without torch.compile(recompile_limit=))."""
-    from launchgen.trainers.dynamo_config import recompile_limit_name
-
-    name = recompile_limit_name()
-    if name is None:
-        return contextlib.nullcontext()
-    import torch._dynamo.config as dynamo_config
-
-    return dynamo_config.patch({name: max(int(getattr(dynamo_config, name)), _RECOMPILE_LIMIT)})
-
-
 def _no_recompile() -> contextlib.AbstractContextManager[Any]:
     """Make a would-be compile during graph capture raise (caught, falls back) instead of compiling there."""
     set_stance = getattr(torch.compiler, "set_stance", None)
