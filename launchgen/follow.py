@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchgen.jobfiles import last_lines_start
+
 POLL_S = 0.5
 STATE_EVERY_S = 5.0
 
@@ -35,27 +37,12 @@ class _Reader:
         """Begin where the last `n` lines begin (0: the whole file), so nothing is lost between them and what
         follows."""
         self.pos = 0
-        if n <= 0:
-            return
         try:
             with open(self.path, "rb") as fh:
                 self.inode = Path(self.path).stat().st_ino
-                pos = fh.seek(0, 2)
-                data = b""
-                while pos > 0 and data.count(b"\n") <= n:
-                    step = min(8192, pos)
-                    pos -= step
-                    fh.seek(pos)
-                    data = fh.read(step) + data
+                self.pos = last_lines_start(fh, n)
         except OSError:
             return
-        body = data[:-1] if data.endswith(b"\n") else data  # a final newline ends a line, it starts none
-        idx = len(body)
-        for _ in range(n):
-            idx = body.rfind(b"\n", 0, idx)
-            if idx < 0:
-                return  # fewer than n lines: the whole file
-        self.pos = pos + idx + 1
 
     def read(self) -> None:
         try:

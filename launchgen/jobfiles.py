@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from launchgen import jobdir as J
 from launchgen.slurmquery import Runner, SchedulerInfo, batch_script, run_command
@@ -181,26 +181,33 @@ def find_logs(job_dir: Path) -> list[RoleLog]:
     return logs
 
 
+def last_lines_start(fh: BinaryIO, lines: int) -> int:
+    """Byte offset where the last `lines` lines of an open binary file begin (0 for `lines` <= 0 or fewer lines),
+    read from the end in blocks so huge logs stay cheap. A final newline ends a line, it starts none."""
+    pos = fh.seek(0, 2)
+    if lines <= 0:
+        return 0
+    data = b""
+    while pos > 0 and data.count(b"\n") <= lines:
+        step = min(8192, pos)
+        pos -= step
+        fh.seek(pos)
+        data = fh.read(step) + data
+    body = data[:-1] if data.endswith(b"\n") else data
+    idx = len(body)
+    for _ in range(lines):
+        idx = body.rfind(b"\n", 0, idx)
+        if idx < 0:
+            return 0
+    return pos + idx + 1
+
+
 def tail(path: str | Path, lines: int) -> list[str]:
-    """Last `lines` lines of a text file (0: all), read from the end so huge logs stay cheap."""
-    p = Path(path)
-    with p.open("rb") as fh:
-        fh.seek(0, 2)
-        size = fh.tell()
-        if lines <= 0:
-            fh.seek(0)
-            data = fh.read()
-        else:
-            block = 8192
-            data = b""
-            pos = size
-            while pos > 0 and data.count(b"\n") <= lines:
-                step = min(block, pos)
-                pos -= step
-                fh.seek(pos)
-                data = fh.read(step) + data
-    text = data.decode("utf-8", errors="replace").splitlines()
-    return text if lines <= 0 else text[-lines:]
+    """Last `lines` lines of a text file (0: all)."""
+    with Path(path).open("rb") as fh:
+        fh.seek(last_lines_start(fh, lines))
+        data = fh.read()
+    return data.decode("utf-8", errors="replace").splitlines()
 
 
 # ------------------------------------------------------------------------------------- finding the dir ---

@@ -212,6 +212,12 @@ def test_tail_reads_from_the_end(tmp_path: Path) -> None:
     f.write_text("".join(f"line {i}\n" for i in range(100_000)))
     assert S.tail(f, 3) == ["line 99997", "line 99998", "line 99999"]
     assert len(S.tail(f, 0)) == 100_000
+    g = tmp_path / "small.log"
+    g.write_bytes(b"a\nb\nno newline at the end")
+    assert S.tail(g, 2) == ["b", "no newline at the end"]
+    assert S.tail(g, 9) == ["a", "b", "no newline at the end"]
+    g.write_bytes(b"")
+    assert S.tail(g, 3) == []
 
 
 # ------------------------------------------------------------------------------------------ discovery + CLI
