@@ -60,7 +60,6 @@ SIGNAL_NAMES = {1: "HUP", 2: "INT", 6: "ABRT", 9: "KILL", 11: "SEGV", 12: "USR2"
 PLAN_FILE = "launchgen-plan.json"
 STATIC_PLAN_FILE = "launchgen-plan.static.json"
 #: a JSON-lines event file in the job directory: no launchgen script writes one; read when present
-EVENTS_JSONL_FILE = "events.jsonl"
 #: written into the trainer's output_dir when max_steps is reached: the scripts stop requeueing once it exists
 COMPLETE_MARKER = "launchgen-complete.json"
 #: the job id `render --bash` runs use (`%j` -> `local`)
@@ -172,7 +171,7 @@ def announced_job_dirs(text: str) -> list[str]:
 
 
 def is_job_dir(p: Path) -> bool:
-    names = (DEFAULT_LAYOUT.plan_json, DEFAULT_LAYOUT.plan_static_json, EVENTS_JSONL_FILE)
+    names = (DEFAULT_LAYOUT.plan_json, DEFAULT_LAYOUT.plan_static_json)
     return any((p / f).is_file() for f in names) or (p / DEFAULT_LAYOUT.logs_root()).is_dir()
 
 

@@ -12,7 +12,6 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,7 +32,6 @@ class Seen:
     ATTEMPT_START = "attempt_start"
     STEP_START = "step_start"
     HEALTH_OK = "health_ok"
-    HEALTH_CHECK = "health_check"  # events.jsonl only (`ok`: bool)
     HEALTH_TIMEOUT = "health_timeout"
     SERVER_DIED = "server_died"
     STEP_EXIT = "step_exit"
@@ -66,51 +64,8 @@ def _as_int(v: Any) -> int | None:
     return None
 
 
-def _as_float(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            try:
-                return datetime.fromisoformat(v).timestamp()
-            except ValueError:
-                return None
-    return None
-
-
 def _str_or_none(v: Any) -> str | None:
     return v if isinstance(v, str) else None
-
-
-def parse_events(text: str) -> list[Event]:
-    """A JSON-lines event file (`events.jsonl`, one object per line; no launchgen script writes one, read when a
-    job directory has it). Tolerant: a torn last line is skipped; `type`/`kind`, `time`, `rc`, `reason` are read
-    as `event`, `ts`, `exit_code`, `message`; a numeric `signal` is named."""
-    events = []
-    for line in text.splitlines():
-        try:
-            d = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue
-        name = (d.get("event") or d.get("type") or d.get("kind")) if isinstance(d, dict) else None
-        if isinstance(d, dict) and isinstance(name, str):
-            events.append(_jsonl_event(name, d))
-    return events
-
-
-def _jsonl_event(name: str, d: dict[str, Any]) -> Event:
-    sig = d.get("signal")
-    if isinstance(sig, int) and not isinstance(sig, bool):
-        sig = J.SIGNAL_NAMES.get(sig, str(sig))
-    return Event(
-        ts=_as_float(d.get("ts", d.get("time"))), event=name, role=_str_or_none(d.get("role")),
-        node=_str_or_none(d.get("node")), attempt=_as_int(d.get("attempt")),
-        exit_code=_as_int(d.get("exit_code", d.get("rc"))),
-        signal=str(sig).removeprefix("SIG") if sig not in (None, "") else None,
-        message=_str_or_none(d.get("message", d.get("reason"))), raw=d,
-    )
 
 
 def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
@@ -325,10 +280,6 @@ def _read_record(job_dir: Path, out: JobDirContents, finished: bool | None) -> N
 
 
 def _read_events(job_dir: Path, out: JobDirContents) -> None:
-    ef = job_dir / J.EVENTS_JSONL_FILE
-    if ef.is_file():
-        out.events_file = str(ef)
-        out.events = parse_events(ef.read_text(errors="replace"))
     pattern = J.DEFAULT_LAYOUT.events_log.format(attempt="*")
     texts = [(n, tf) for tf in job_dir.glob(pattern) if (n := J.attempt_of(tf.parent.name)) is not None]
     for n, tf in sorted(texts, key=lambda x: x[0]):

@@ -178,9 +178,6 @@ def _from_end_event(f: _Facts, role: str, nodes: list[str]) -> RoleOutcome | Non
         nodes.append(ev.node)
     role_logs = f.role_logs(role)
     log = next((lg.path for lg in role_logs if lg.node == ev.node), role_logs[0].path if role_logs else None)
-    recorded = ev.raw.get("log")  # events.jsonl may name the log
-    if isinstance(recorded, str) and f.job_dir is not None:
-        log = recorded if Path(recorded).is_absolute() else str(f.job_dir / recorded)
     return RoleOutcome(role, nodes, state, how, ev.exit_code, ev.signal, ev.ts, log)
 
 
@@ -266,8 +263,8 @@ def _first_to_end(roles: list[RoleOutcome]) -> RoleOutcome | None:
 def _last_health(events: list[Event]) -> HealthCheck | None:
     health: HealthCheck | None = None
     for e in events:
-        if e.event in (Seen.HEALTH_OK, Seen.HEALTH_CHECK, *_SERVER_ENDS):
-            ok = e.event == Seen.HEALTH_OK or (e.event == Seen.HEALTH_CHECK and bool(e.raw.get("ok")))
+        if e.event in (Seen.HEALTH_OK, *_SERVER_ENDS):
+            ok = e.event == Seen.HEALTH_OK
             health = HealthCheck(ok=ok, at=e.ts, message=e.message or e.event)
     return health
 

@@ -23,7 +23,6 @@ from launchgen.jobdir import ROLES as ROLES
 from launchgen.jobfiles import RoleLog as RoleLog
 from launchgen.jobfiles import StatusError as StatusError
 from launchgen.jobfiles import local_job_dir, locate_job_dir
-from launchgen.jobfiles import parse_events as parse_events
 from launchgen.jobfiles import parse_events_text as parse_events_text
 from launchgen.jobfiles import tail as tail
 from launchgen.postmortem import JobStatus as JobStatus

@@ -90,14 +90,6 @@ def test_text_events_of_the_rendered_script() -> None:
     assert [(e.event, e.exit_code, e.attempt) for e in failed] == [("server_died", 1, 2), ("health_timeout", None, 2)]
 
 
-def test_jsonl_events_tolerate_torn_lines_and_aliases() -> None:
-    text = ('{"ts": 10, "event": "step_exit", "role": "trainer", "rc": "3"}\n'
-            '{"time": "2026-12-02T13:00:00+00:00", "type": "signal", "signal": 12}\n{"event": "step_')
-    evs = S.parse_events(text)
-    assert [(e.event, e.exit_code) for e in evs] == [("step_exit", 3), ("signal", None)]
-    assert evs[1].signal == "USR2" and evs[1].ts is not None
-
-
 # ------------------------------------------------------------------------------------------ analysis
 
 
