@@ -176,3 +176,9 @@ def conflicts(directives: list[str], set_fields: dict[str, object]) -> Iterator[
                 attr, path = CONFLICTS[opt.name]
                 if set_fields.get(attr):
                     yield f"entry {i} ({opt.written}) contradicts {path}, which launchgen writes as a directive"
+
+
+def unknown(directive: str) -> list[str]:
+    """The options of one (valid) entry that sbatch 22.05-24.11 does not know, as written: sbatch refuses the
+    whole script for one of them (`sbatch: unrecognized option`), unless the site runs a newer Slurm."""
+    return [o.written for o in options(directive.strip()) if o.name not in LONG_OPTIONS]

@@ -6,6 +6,9 @@
   config.json is local (a directory or the Hub cache): a job that waits the whole queue time and then kills a
   server that was still loading.
 
+* LG809: a `slurm.extra_directives` option sbatch does not know (22.05-24.11): sbatch refuses the script at
+  submission (`unrecognized option`), typically a typo (`--constrain=`) or an srun-only option.
+
 Registered into `launchgen.checks` (imported at its end) with the same `check` decorator.
 """
 
@@ -15,6 +18,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from launchgen import directives
 from launchgen.checks import Ctx, _doc, check
 from launchgen.hfcache import ModelConfig
 from launchgen.issues import Issue, SpecError
@@ -36,6 +40,10 @@ BYTES_PER_PARAM = 2  # bf16/fp16 weights
 _doc("LG620", "warning", "slurm.gpu_type is a pre-Ampere GPU (V100, T4, P100, ...) but the trainer uses bf16, "
      "which needs compute capability 8.0.",
      "Set train.precision: fp16 (or fp32) for these GPUs, or request Ampere or newer (A100, H100, L40S, ...).")
+_doc("LG809", "warning", "slurm.extra_directives has an option sbatch (Slurm 22.05-24.11) does not know; sbatch "
+     "refuses the whole script for it.",
+     "Fix the spelling (`sbatch --help` lists the options; a unique prefix is enough), drop srun-only options, or "
+     "ignore this where your Slurm is newer and has the option.")
 _doc("LG820", "warning", "vllm.health_timeout is shorter than the server's start-up estimated from the model's "
      "size (its config.json is local).",
      "Raise vllm.health_timeout to at least the estimate (weights are read at ~125 MB/s from a cold shared "
@@ -117,3 +125,12 @@ def health_timeout_for_model_size(ctx: Ctx) -> Iterator[Issue]:
                         f"vllm.health_timeout {v.health_timeout} s; the model ({cfg.source}) has about "
                         f"{params / 1e9:.1f}B parameters ({params * BYTES_PER_PARAM / 1e9:.0f} GB in bf16): "
                         f"expect about {need} s before /health answers")
+
+
+@check("LG809")
+def extra_directives_known(ctx: Ctx) -> Iterator[Issue]:
+    for i, d in enumerate(ctx.spec.slurm.extra_directives):
+        for written in directives.unknown(d):
+            yield ctx.issue("LG809", f"slurm.extra_directives.{i}",
+                            f"{written} in {d!r} is not an sbatch option (Slurm 22.05-24.11): sbatch would refuse "
+                            "the script with `unrecognized option`")

@@ -77,3 +77,12 @@ def test_a_7b_or_a_generous_timeout_does_not_warn(tmp_path: Path) -> None:
                         "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4,
                                  "health_timeout": 3600}})
     assert "LG820" not in [c for c, _, _ in generous]
+
+
+def test_an_option_sbatch_does_not_know_warns_and_known_spellings_do_not() -> None:
+    # a unique prefix (`--constrain`, `--comm`) is what sbatch's getopt_long accepts; a letter too many is not
+    extra = ["--constraints=a100", "--mail-type=END", "--comm=x", "-Z", "--constrain=a100", "--begin now"]
+    found = [i for i in _issues({"slurm": {"gpus_per_node": 8, "extra_directives": extra}}) if i[0] == "LG809"]
+    assert [(p, m.split(" in ")[0]) for _c, p, m in found] == [
+        ("slurm.extra_directives.0", "--constraints=a100"), ("slurm.extra_directives.3", "-Z")]
+    assert "unrecognized option" in found[0][2]
