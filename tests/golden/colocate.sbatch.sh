@@ -174,7 +174,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CF539A7608790064'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FF6FAD83D6A57502'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -225,6 +225,8 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
@@ -271,7 +273,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_CF539A7608790064
+LAUNCHGEN_EOF_FF6FAD83D6A57502
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_EEFA4C457587D9A8'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_15222E4A42865E9B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -204,6 +204,8 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
@@ -249,7 +251,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_EEFA4C457587D9A8
+LAUNCHGEN_EOF_15222E4A42865E9B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_86628D209C1BD8A2'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_BBB5EA77804B8805'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -204,6 +204,8 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
@@ -250,7 +252,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_86628D209C1BD8A2
+LAUNCHGEN_EOF_BBB5EA77804B8805
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE
