@@ -6,6 +6,7 @@ One table, read by the check that reports the mistake and by the plan that asser
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,3 +45,16 @@ def owned_args(args: Mapping[str, Any]) -> list[tuple[str, str]]:
         if isinstance(sub, Mapping):
             found += [(f"generation.{section}.{k}", by) for k, by in table.items() if k in sub]
     return found
+
+
+def without_owned(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `args` without the arguments the spec owns (what the trainer's config is resolved from while
+    LG902 reports them, so the checks still read the rest)."""
+    out = copy.deepcopy(dict(args))
+    for path, _ in owned_args(args):
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node[part]
+        del node[leaf]
+    return out

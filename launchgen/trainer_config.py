@@ -1,8 +1,15 @@
 """The trainer's config from the spec: `train.args` plus the fields the spec owns, validated as the trainer's own
-`TrainerConfig` (pydantic only, cheap to import)."""
+`TrainerConfig` (pydantic only, cheap to import: `check` imports no torch).
+
+`resolve_trainer_config` runs before the checks (`Ctx.trainer_cfg`): checks read typed fields with the
+trainer's own defaults, LG901 (`rules/trainerargs.py`) reports what does not validate, and `build_plan` embeds
+the same config.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -10,18 +17,17 @@ from pydantic import ValidationError
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args
+from launchgen.ownership import owned_args, without_owned
 from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S, _err, _invariant
+from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 
 
-def build_trainer_config(spec: Spec, precision: str, output_dir: str,
-                         loaded: LoadedSpec | None = None) -> TrainerConfig:
-    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901)."""
-    import copy
-
-    args = copy.deepcopy(spec.train.args)
+def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: LoadedSpec | None = None,
+                         args: Mapping[str, Any] | None = None) -> TrainerConfig:
+    """The resolved TrainerConfig (`args`, by default train.args, + what the spec owns); raises SpecError (LG901)."""
+    args = copy.deepcopy(dict(spec.train.args if args is None else args))
     _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
     v, t, m = spec.vllm, spec.train, spec.model
     data: dict[str, Any] = {
@@ -73,3 +79,20 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
         raise SpecError([Issue("LG901", i.path, i.message,
                                "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
                                if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
+
+
+def trainer_output_pattern(spec: Spec) -> str:
+    """The trainer's output_dir in the written config (the script replaces it with the expanded one, --set)."""
+    return spec.job.output_dir.rstrip("/") + "/trainer"
+
+
+def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None) -> tuple[TrainerConfig | None, list[Issue]]:
+    """The trainer's config for `spec`, or None and the LG901 issues (each with its `train.args` field and YAML
+    line). Arguments the spec owns are left out (LG902 reports them), so the rest is still read."""
+    try:
+        return build_trainer_config(spec, resolve_precision(spec), trainer_output_pattern(spec), loaded,
+                                    without_owned(spec.train.args)), []
+    except SpecError as e:
+        if loaded is None:
+            return None, list(e.issues)
+        return None, [i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path)) for i in e.issues]

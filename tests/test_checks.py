@@ -181,6 +181,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG901", {"train": {"args": {"learning_rate": -1}}}, "train.args.learning_rate", "learning_rate", 1, "error"),
     ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
@@ -316,6 +317,24 @@ def test_plan_errors_become_issues(model_dir: Path) -> None:
     assert plan is None
     assert [(i.code, i.path) for i in issues] == [("LG901", "train.args.learning_rate")]
     assert issues[0].line is not None
+
+
+def test_trainer_config_is_resolved_before_the_checks(model_dir: Path) -> None:
+    # LG901 is a spec-stage check: reported beside the other spec errors, not only once they are fixed
+    bad = merge(base(model_dir), {"vllm": {"gpus": [0, 1, 2, 9]}, "train": {"args": {"learning_rate": -1}}})
+    plan, issues = run_checks(load_spec_text(render(bad), "spec.yaml"), env={})
+    assert plan is None and {(i.code, i.path) for i in issues if i.severity == "error"} == {
+        ("LG101", "vllm.gpus.3"), ("LG901", "train.args.learning_rate")}
+    # the checks read typed fields with the trainer's own defaults (rloo: num_generations 2)
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(merge(base(model_dir), {"train": {"trainer": "rloo"}})), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 2
+    assert ctx.trainer_cfg.steps_per_generation == ctx.trainer_cfg.gradient_accumulation_steps == 1
+    # an argument the spec owns is left out of the config (LG902 reports it), the rest is still read
+    owned = merge(base(model_dir), {"train": {"args": {"output_dir": "/x", "num_generations": 4}}})
+    ctx = Ctx(load_spec_text(render(owned), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 4
 
 
 @pytest.mark.parametrize(("value", "code"), [("bf16", "LG902"), ("fp16", "LG606")])
