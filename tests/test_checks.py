@@ -181,6 +181,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
+    ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
 ]
 
 
