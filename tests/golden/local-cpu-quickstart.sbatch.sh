@@ -159,7 +159,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_14F19E733E652245'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_EEBF31B31ADDF82E'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -219,6 +219,8 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -258,7 +260,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_14F19E733E652245
+LAUNCHGEN_EOF_EEBF31B31ADDF82E
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
