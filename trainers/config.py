@@ -164,6 +164,12 @@ class VLLMColocateSection(_Strict):
     max_model_len: int | None = Field(default=None, ge=1, description="Context length of the engine.")
     enable_sleep_mode: bool = Field(default=False, description="Sleep (level 2) between generations.")
     max_num_batched_tokens: int = Field(default=4096, ge=1, description="vLLM scheduler token budget.")
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1,
+        description="KV cache size in bytes (vLLM's `kv_cache_memory_bytes`); on CPU vLLM's default takes 90 % "
+        "of the RAM, on GPU it replaces gpu_memory_utilization's share for the cache.",
+    )
+    enforce_eager: bool = Field(default=False, description="No CUDA graphs / torch.compile in the engine.")
 
 
 class ImportanceSamplingSection(_Strict):

@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8B9E6479074B3F55'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_E63D0F0AA9DB44EC'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -245,6 +245,8 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -284,7 +286,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_8B9E6479074B3F55
+LAUNCHGEN_EOF_E63D0F0AA9DB44EC
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4EEEEF78E333AEDF'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_50475D91EC588289'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -248,6 +248,8 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -288,7 +290,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_4EEEEF78E333AEDF
+LAUNCHGEN_EOF_50475D91EC588289
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

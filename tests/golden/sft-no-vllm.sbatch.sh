@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_BBB5EA77804B8805'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_68C0EB576B283E90'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -212,6 +212,8 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -252,7 +254,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_BBB5EA77804B8805
+LAUNCHGEN_EOF_68C0EB576B283E90
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

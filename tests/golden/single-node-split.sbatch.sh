@@ -189,7 +189,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_DB4B88A629D9DBAF'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_1F9E4A250D978B83'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -248,6 +248,8 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -288,7 +290,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_DB4B88A629D9DBAF
+LAUNCHGEN_EOF_1F9E4A250D978B83
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
