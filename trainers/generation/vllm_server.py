@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Rank 0's generation outcome: the result, or the text of the error every rank raises (`share`).
+Payload = tuple[CompletionsResult | None, str | None]
+
 _END = object()
 _ABORT = object()
 _POLL = 0.05
@@ -209,6 +212,7 @@ class VLLMServerBackend:
         self._metas: list[TensorMeta] | None = None
         self._connected = False
         self._generated_once = False
+        self._paused = False  # between pause() and resume(): the sync preempts the paused requests at its reset
         self._closed = False
         #: Bytes streamed by the last sync, and the seconds spent in /update_weights + broadcast (no start/finish).
         self.last_sync_bytes = 0
@@ -393,24 +397,46 @@ class VLLMServerBackend:
     # -- generation ---------------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
         per_rank: list[list[list[int]]] = self._gather(prompt_ids)
-        payload: tuple[CompletionsResult | None, str | None] = (None, None)
+        payload: Payload = (None, None)
         if self.is_main:
-            try:
-                payload = (self._generate_main([p for rank in per_rank for p in rank], params), None)
-            except Exception as exc:
-                payload = (None, f"{type(exc).__name__}: {exc}")
+            payload = self.request_all([p for rank in per_rank for p in rank], params)
+        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
+        return self.share(payload, start, len(prompt_ids))
+
+    def request_all(self, all_prompts: list[list[int]], params: SamplingParams) -> Payload:
+        """Rank 0: generate for every rank's prompts; the result or the error's text, never raised.
+
+        No collective runs here, so `async_rollout`'s worker thread calls it while the main thread trains.
+        """
+        try:
+            return self._generate_main(all_prompts, params), None
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def share(self, payload: Payload, start: int, count: int) -> GenerationOutput:
+        """Collective: every rank gets rows [start, start + count) of rank 0's result, or every rank raises."""
         result, message = self._broadcast_from_main(payload)
         if message is not None:
             raise VLLMServerError(f"generation failed on trainer rank 0: {message}")
         assert result is not None
-        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
-        rows = slice(start, start + len(prompt_ids))
+        rows = slice(start, start + count)
         return GenerationOutput(
             prompt_ids=[list(p) for p in result.prompt_ids[rows]],
             completion_ids=result.completion_ids[rows],
             logprobs=result.logprobs[rows] if result.logprobs is not None else None,
             finished=result.finished[rows],
         )
+
+    def pause(self) -> None:
+        """Rank 0: freeze in-flight requests where they are (vLLM's `/pause?mode=keep`) until `resume`."""
+        assert self.client is not None
+        self.client.pause(mode="keep", clear_cache=False)
+        self._paused = True
+
+    def resume(self) -> None:
+        assert self.client is not None
+        self._paused = False
+        self.client.resume()
 
     def _generate_main(self, all_prompts: list[list[int]], params: SamplingParams) -> CompletionsResult:
         assert self.client is not None and self.model_id is not None
@@ -487,7 +513,8 @@ class VLLMServerBackend:
             if lifecycle:
                 c.finish_weight_update(str(self.syncs_done + 1))
                 started = False
-            c.reset_prefix_cache()
+            # Paused requests hold cache blocks; preempting them lets the reset succeed and recomputes their KV.
+            c.reset_prefix_cache(reset_running_requests=self._paused)
             self.syncs_done += 1
         except BaseException:
             for _ in it:  # finish every collective the other ranks are (or will be) waiting in
