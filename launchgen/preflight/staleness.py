@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launchgen.checks import Ctx, _doc, _expected_backend, check
+from launchgen.checks import Ctx, _doc, check
 from launchgen.issues import Issue
+from launchgen.rules.modes import _expected_backend
 from launchgen.trainers.config import staleness_refusals
 
 _doc("LG350", "error", "generation.max_staleness without a vLLM server to generate ahead on (colocate, or no vllm "

@@ -174,7 +174,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2F31F2E2553E425F'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_22AE7347D8BDB09E'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -219,7 +219,7 @@ generation:
     host: 127.0.0.1
     port: 8000
     base_url: null
-    group_port: 51216
+    group_port: 29551
     group_host: null
     health_timeout: 240.0
     request_timeout: 600.0
@@ -273,7 +273,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_2F31F2E2553E425F
+LAUNCHGEN_EOF_22AE7347D8BDB09E
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launchgen import ports
+
 from .protocol import GenerationOutput, SamplingParams
 from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTimeoutError, VLLMVersion
 from .weight_transfer import (
@@ -175,7 +177,7 @@ class VLLMServerBackend:
         transport: Transport | None,
         num_generations: int,
         group_host: str | None = None,
-        group_port: int = 51216,
+        group_port: int = ports.GROUP_DEFAULT,
         health_timeout: float = 240.0,
         request_timeout: float = 600.0,
         weight_sync_timeout: float = 1800.0,
