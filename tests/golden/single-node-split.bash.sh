@@ -178,7 +178,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_1F9E4A250D978B83'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_678962E7B9F5A0A4'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -245,6 +245,8 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -279,7 +281,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_1F9E4A250D978B83
+LAUNCHGEN_EOF_678962E7B9F5A0A4
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
