@@ -26,7 +26,7 @@ DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
-ReportTarget = Literal["jsonl", "tensorboard"]
+ReportTarget = Literal["jsonl", "tensorboard", "wandb"]
 _DEFAULT_REPORT_TO: tuple[ReportTarget, ...] = ("jsonl", "tensorboard")
 
 #: Built-in attention implementations transformers accepts by name.
@@ -256,7 +256,13 @@ class TrainerConfig(_Strict):
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
     logging_steps: int = Field(default=1, ge=1)
-    report_to: list[ReportTarget] = Field(default_factory=lambda: list(_DEFAULT_REPORT_TO))
+    report_to: list[ReportTarget] = Field(
+        default_factory=lambda: list(_DEFAULT_REPORT_TO),
+        description="Where metrics go besides the trainer log's plain line per logging step: `jsonl` "
+        "(output_dir/metrics.jsonl; always written), `tensorboard` (output_dir/runs; warns once when not installed), "
+        "`wandb` (the launchgen[wandb] extra; WANDB_MODE=offline writes output_dir/wandb without network).",
+    )
+    run_name: str | None = Field(default=None, description="Name of the wandb run (default: wandb's own).")
     resume: Literal["auto", "never", "force"] = Field(
         default="auto",
         description="auto: resume from the newest checkpoint in output_dir when it was trained with this config "

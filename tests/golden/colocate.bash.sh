@@ -164,7 +164,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_294DFACF61F44ED0'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_87AF7D89183FD220'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -260,8 +260,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_294DFACF61F44ED0
+LAUNCHGEN_EOF_87AF7D89183FD220
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_14F19E733E652245'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_5384A0AF8955C4F6'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -248,8 +248,9 @@ save_final_model: true
 logging_steps: 1
 report_to:
 - jsonl
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_14F19E733E652245
+LAUNCHGEN_EOF_5384A0AF8955C4F6
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

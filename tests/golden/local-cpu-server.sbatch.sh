@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_1FB05238180E4A70'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_A574F3B33E9D3C2D'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -281,8 +281,9 @@ save_final_model: true
 logging_steps: 1
 report_to:
 - jsonl
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_1FB05238180E4A70
+LAUNCHGEN_EOF_A574F3B33E9D3C2D
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FCE4C6383926DD58'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_35FD390763CBA9AD'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -285,8 +285,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_FCE4C6383926DD58
+LAUNCHGEN_EOF_35FD390763CBA9AD
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE
