@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers import reporting, resume
-from launchgen.trainers.config import TrainerConfig, apply_override
+from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
@@ -345,51 +345,3 @@ def run(cfg: TrainerConfig) -> int:
     finally:
         trainer.signals.uninstall()
         trainer.close()
-
-
-def entry(argv: list[str] | None, trainer: str) -> int:
-    """`python -m launchgen.trainers.<trainer> --config run.yaml`: config errors are one line and exit 2."""
-    import argparse
-    import sys
-
-    import yaml
-    from pydantic import ValidationError
-
-    p = argparse.ArgumentParser(prog=f"python -m launchgen.trainers.{trainer}")
-    p.add_argument("--config", required=True, help="resolved trainer config (YAML), see launchgen.trainers.config")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one field (dotted path, e.g. generation.vllm_server.port=8001; the value is parsed as YAML); "
-        "repeatable, applied in order before validation",
-    )
-    a = p.parse_args(argv)
-    try:
-        data = yaml.safe_load(Path(a.config).read_text())
-        if not isinstance(data, dict):
-            raise ValueError("expected a mapping at the top level")
-        for item in a.set:
-            apply_override(data, item)
-        cfg = TrainerConfig.model_validate(data)
-    except ValidationError as e:
-        errs = e.errors()
-        loc = ".".join(str(x) for x in errs[0]["loc"]) or "(top level)"
-        more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
-        print(f"error: {a.config}: {loc}: {errs[0]['msg']}{more}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {a.config}: {first}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG
-    try:
-        if cfg.trainer != trainer:
-            raise TrainerSetupError(
-                f"{a.config}: trainer is {cfg.trainer!r} but this is launchgen.trainers.{trainer}; "
-                f"run python -m launchgen.trainers.{cfg.trainer} or fix `trainer`"
-            )
-        return run(cfg)
-    except TrainerSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG
