@@ -178,7 +178,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B0C3B9FA187790E6'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6510C08BD96306CA'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -229,6 +229,8 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
@@ -276,7 +278,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_B0C3B9FA187790E6
+LAUNCHGEN_EOF_6510C08BD96306CA
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
