@@ -164,7 +164,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_58F8F1A1D6FDFBA6'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_101AB06C30AE58CD'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -266,8 +266,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_58F8F1A1D6FDFBA6
+LAUNCHGEN_EOF_101AB06C30AE58CD
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE
