@@ -167,6 +167,14 @@ def test_colocate_example() -> None:
     assert not any(str(w).startswith("generation.vllm_server") for w in plan.trainer.argv)
 
 
+def test_colocate_engine_settings_reach_the_trainer_only_when_set() -> None:
+    base = plan_of(spec(vllm="{mode: colocate}")).trainer.config.generation.vllm_colocate
+    assert base.kv_cache_memory_bytes is None and base.enforce_eager is False  # vLLM's own defaults
+    col = plan_of(spec(vllm="{mode: colocate, kv_cache_memory_bytes: 268435456, enforce_eager: true}"))
+    c = col.trainer.config.generation.vllm_colocate
+    assert c.kv_cache_memory_bytes == 268435456 and c.enforce_eager is True
+
+
 def test_sft_example_has_no_vllm() -> None:
     plan = build_plan(load_spec(EXAMPLES / "sft-no-vllm.yaml"))
     assert plan.vllm_mode == "none" and plan.server is None and plan.num_nodes == 2

@@ -302,6 +302,25 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
 
 
+@pytest.mark.slow
+def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """examples/quickstart.sh itself: the trainer's plain line per logging step reaches the terminal, once each."""
+    root = Path(__file__).resolve().parent.parent
+    ex = tmp_path / "examples"
+    (ex / "data").mkdir(parents=True)
+    (ex / "tiny-model").symlink_to(tiny_model_dir)
+    for name in ("quickstart.sh", "local-cpu-quickstart.yaml", "data/tiny-math.jsonl"):
+        (ex / name).write_text((root / "examples" / name).read_text())
+    env = env_with_venv()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [line.split()[2] for line in res.stdout.splitlines() if line.startswith("[launchgen] step ")]
+    assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stdout
+    assert "metrics: launchgen-runs/local/trainer/metrics.jsonl" in res.stdout
+
+
 def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
     """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""
     home, scratch = tmp_path / "home", tmp_path / "scratch"
