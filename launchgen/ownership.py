@@ -35,6 +35,14 @@ OWNED_COLOCATE = {
 }
 
 
+def owned_paths() -> list[str]:
+    """Every owned argument's path relative to train.args, in table order (what `launchgen schema` leaves out of
+    the trainer config's schema for train.args)."""
+    return [*OWNED_TOP, *(f"generation.{k}" for k in OWNED_GENERATION),
+            *(f"generation.vllm_server.{k}" for k in OWNED_SERVER),
+            *(f"generation.vllm_colocate.{k}" for k in OWNED_COLOCATE)]
+
+
 def owned_args(args: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(path relative to train.args, owning spec field) for every owned argument `args` sets, in table order."""
     found = [(k, by) for k, by in OWNED_TOP.items() if k in args]

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args, without_owned
+from launchgen.ownership import owned_args, owned_paths, without_owned
 from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S, _err, _invariant
 from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
@@ -101,3 +101,35 @@ def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None) -> tupl
         if loaded is None:
             return None, list(e.issues)
         return None, [i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path)) for i in e.issues]
+
+
+#: Where the trainer config's own definitions go in the spec's JSON Schema (apart from the spec's).
+_DEFS_PREFIX = "trainer."
+
+
+def _section(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+    """The object schema a property refers to (`$ref`, or the first `$ref` of an anyOf/allOf), if any."""
+    for cand in [node, *node.get("anyOf", []), *node.get("allOf", [])]:
+        ref = cand.get("$ref")
+        if isinstance(ref, str):
+            found = defs.get(ref.rsplit("/", 1)[-1])
+            return found if isinstance(found, dict) else None
+    return node if "properties" in node else None
+
+
+def args_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON Schema of `train.args`: the trainer's `TrainerConfig` without the arguments the spec owns (LG902),
+    and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and validation)."""
+    schema = TrainerConfig.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
+    defs = {_DEFS_PREFIX + k: v for k, v in schema.pop("$defs", {}).items()}
+    for path in owned_paths():
+        *parents, leaf = path.split(".")
+        node: dict[str, Any] | None = schema
+        for part in parents:
+            node = _section(node.get("properties", {}).get(part, {}), defs) if node is not None else None
+        if node is not None:
+            node.get("properties", {}).pop(leaf, None)
+            if leaf in node.get("required", []):
+                node["required"].remove(leaf)
+    schema["title"] = "train.args"
+    return schema, defs
