@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
@@ -194,6 +195,11 @@ class TrainerConfig(_Strict):
     data: DataSection
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="accuracy")])
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    peft: PeftSection | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of the full model (see launchgen.trainers.peft_config); the "
+        "frozen base is loaded in the compute dtype when model.dtype is auto.",
+    )
 
     # algorithm (TRL names)
     num_generations: int | None = Field(
@@ -299,6 +305,11 @@ class TrainerConfig(_Strict):
             self.steps_per_generation = self.gradient_accumulation_steps
         if self.trainer == "sft" and self.generation.backend != "hf":
             raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        if self.peft is not None:
+            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile,
+                                        hf_engine=self.generation.hf_engine)
+            if errors:
+                raise ValueError(f"peft: {errors[0][1]}")
         return self
 
     @classmethod

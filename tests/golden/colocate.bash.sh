@@ -164,7 +164,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_294DFACF61F44ED0'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4D8F755CBA742AEB'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -227,6 +227,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -261,7 +262,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_294DFACF61F44ED0
+LAUNCHGEN_EOF_4D8F755CBA742AEB
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

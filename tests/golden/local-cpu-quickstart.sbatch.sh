@@ -159,7 +159,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_14F19E733E652245'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D3A53488F1A3651B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -225,6 +225,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -258,7 +259,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_14F19E733E652245
+LAUNCHGEN_EOF_D3A53488F1A3651B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

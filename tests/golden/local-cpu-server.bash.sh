@@ -174,7 +174,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_1FB05238180E4A70'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_C57BD542E5F47B32'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -240,6 +240,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -273,7 +274,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_1FB05238180E4A70
+LAUNCHGEN_EOF_C57BD542E5F47B32
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

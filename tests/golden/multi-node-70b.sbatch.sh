@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FCE4C6383926DD58'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4A3C283B0E309944'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -252,6 +252,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -286,7 +287,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_FCE4C6383926DD58
+LAUNCHGEN_EOF_4A3C283B0E309944
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

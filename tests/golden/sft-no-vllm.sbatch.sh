@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_237E31543D47F24F'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6B9DC99A3EEB8DB8'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -216,6 +216,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -250,7 +251,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_237E31543D47F24F
+LAUNCHGEN_EOF_6B9DC99A3EEB8DB8
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

@@ -178,7 +178,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6D8C13A7084B6249'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CDC789F33BD9F29D'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -241,6 +241,7 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -275,7 +276,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_6D8C13A7084B6249
+LAUNCHGEN_EOF_CDC789F33BD9F29D
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
