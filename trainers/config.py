@@ -17,6 +17,8 @@ import yaml
 from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from launchgen import ports
+
 TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
 #: Trainers that generate online and can therefore use a vLLM backend.
 ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
@@ -113,12 +115,20 @@ class RewardSpec(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
 
 
+class ReplicaAddress(_Strict):
+    """One `vllm serve` replica: its HTTP endpoint and the port trainer rank 0 hosts its weight-transfer group on."""
+
+    host: str = Field(description="Address of this replica's `vllm serve`.")
+    port: int = Field(ge=1, le=65535, description="HTTP port of this replica.")
+    group_port: int = Field(ge=1, le=65535, description="Weight-transfer rendezvous port for this replica's group.")
+
+
 class VLLMServerSection(_Strict):
     host: str = Field(default="127.0.0.1", description="Address of the `vllm serve` process.")
-    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the server.")
+    port: int = Field(default=ports.SERVER_HTTP_DEFAULT, ge=1, le=65535, description="HTTP port of the server.")
     base_url: str | None = Field(default=None, description="Overrides host and port when set.")
     group_port: int = Field(
-        default=51216, ge=1, le=65535,
+        default=ports.GROUP_DEFAULT, ge=1, le=65535,
         description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous (the server connects to it).",
     )
     group_host: str | None = Field(
@@ -129,6 +139,24 @@ class VLLMServerSection(_Strict):
     request_timeout: float = Field(default=600.0, gt=0, description="Seconds for one generation request.")
     weight_sync_timeout: float = Field(default=1800.0, gt=0, description="Seconds for one weight update.")
     control_timeout: float = Field(default=300.0, gt=0, description="Seconds for control calls (start/finish/reset).")
+    replicas: list[ReplicaAddress] = Field(
+        default_factory=list,
+        description="Several independent servers (launchgen's `vllm.replicas`): prompt groups are spread over them and "
+        "every weight update goes to all of them. Empty: the one server at host/port/group_port.",
+    )
+    replica_failover: bool = Field(
+        default=False,
+        description="With several replicas: a replica that fails is set aside (generation continues on the others) "
+        "and taken back, with the current weights pushed first, once it is healthy again at a weight sync "
+        "(launchgen's `vllm.restart_replicas`). Off: a failed replica fails the run.",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_replicas(self) -> VLLMServerSection:
+        ports = [r.group_port for r in self.replicas]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"replicas: every replica needs its own group_port (got {ports})")
+        return self
 
 
 class VLLMColocateSection(_Strict):

@@ -106,14 +106,15 @@ def test_sync_to_standin_is_the_merged_model_bit_for_bit_after_every_step(
         assert run_cfg(cfg) == 0
     finally:
         server.stop()
-    assert len(seen) == 3
+    assert len(seen) == 4  # before the first generation, then after each step
     base = json.loads((wide_model / "config.json").read_text())
     assert base["tie_word_embeddings"] is False
     full_bytes = sum(p.numel() * 4 for p in _base_params(wide_model).values())
     # all-linear: the decoder's linears only; the embeddings and the LM head (~half of this tiny model) stay put
     assert 0 < seen[0]["bytes"] < 0.6 * full_bytes, (seen[0]["bytes"], full_bytes)
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert len({s["digest"][q] for s in seen}) == 3  # the adapters moved every step, and so did the server
+    assert seen[0]["digest"][q] == _sha(_base_params(wide_model)[q])  # B starts at 0: the first push is the base
+    assert len({s["digest"][q] for s in seen}) == 4  # the adapters moved every step, and so did the server
     assert seen[0]["digest"]["lm_head.weight"] == _sha(_base_params(wide_model)["lm_head.weight"])
     kl = [m["kl"] for m in read_metrics(tmp_path / "sync")]
     assert kl[0] == 0.0 and kl[-1] > 0.0  # the adapter-off reference equals the policy until the adapters move

@@ -69,6 +69,10 @@ def _hf(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> Gen
 
 
 def _vllm_server(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
+    if cfg.generation.vllm_server.replicas:
+        from launchgen.trainers.generation.vllm_replica import VLLMReplicaBackend
+
+        return VLLMReplicaBackend.from_config(cfg, accelerator)
     from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 
     return VLLMServerBackend.from_config(cfg, accelerator)
