@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args, owned_paths, without_owned
-from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S, _err, _invariant
+from launchgen.ownership import Filled, fill_owned, owned_args, owned_paths, without_owned
+from launchgen.planmodel import _err, _invariant
 from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
@@ -29,51 +29,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: Lo
     """The resolved TrainerConfig (`args`, by default train.args, + what the spec owns); raises SpecError (LG901)."""
     args = copy.deepcopy(dict(spec.train.args if args is None else args))
     _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
-    v, t, m = spec.vllm, spec.train, spec.model
-    data: dict[str, Any] = {
-        "trainer": t.trainer,
-        "output_dir": output_dir,
-        "precision": precision,
-        "model": {
-            "name_or_path": m.name_or_path,
-            "revision": m.revision,
-            "trust_remote_code": m.trust_remote_code,
-            "dtype": m.dtype,
-            "attn_implementation": t.attn_implementation,
-            "use_liger_kernel": t.use_liger_kernel,
-            "gradient_checkpointing": t.gradient_checkpointing,
-        },
-    }
-    data.update(args)
-    gen = data.setdefault("generation", {})
-    if not isinstance(gen, dict):
+    data: dict[str, Any] = args
+    if not isinstance(data.get("generation", {}), dict):
         raise SpecError([_err("LG901", "train.args.generation", "must be a mapping",
                               "Write `generation:` as a mapping of generation settings.", loaded)])
-    if v is None:
-        gen["backend"] = "hf"
-    elif v.mode == "server":
-        gen["backend"] = "vllm_server"
-        srv = gen.setdefault("vllm_server", {})
-        if isinstance(srv, dict):
-            # host and the ports are replaced at run time (--set); these are the base values
-            srv.update({"port": v.port, "group_port": v.group_port,
-                        "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
-    else:
-        gen["backend"] = "vllm_colocate"
-        col = gen.setdefault("vllm_colocate", {})
-        if isinstance(col, dict):
-            col.update({
-                "tensor_parallel_size": v.tensor_parallel_size,
-                "gpu_memory_utilization": v.gpu_memory_utilization if "gpu_memory_utilization"
-                in v.model_fields_set else 0.3,
-                "max_model_len": v.max_model_len,
-                "enable_sleep_mode": v.enable_sleep_mode,
-            })
-            # only when set, so a spec that leaves them alone gets the engine's own defaults
-            if v.kv_cache_memory_bytes is not None:
-                col["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
-            if v.enforce_eager:
-                col["enforce_eager"] = True
+    fill_owned(data, Filled(spec, precision, output_dir))
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as exc:
