@@ -379,3 +379,11 @@ def test_max_staleness_with_a_server_and_grpo_is_clean(model_dir: Path) -> None:
     loaded = load_spec_text(render(spec), "spec.yaml")
     plan, issues = run_checks(loaded, env={})
     assert issues == [] and plan is not None
+
+
+@pytest.mark.parametrize("row", [c for c in CASES if c[5] == "error" and c[0] != "LG901"], ids=lambda c: c[0])
+def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, row: tuple[Any, ...]) -> None:
+    # the trainer config refuses some of these too (staleness, peft): a check names the field, LG901 stands down
+    code, patch = row[0], row[1]
+    errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
+    assert ("LG901", "train.args") not in errors, (code, errors)

@@ -24,3 +24,16 @@ def trainer_args_validate(ctx: Ctx) -> Iterator[Issue]:
     if ctx.spec.vllm is not None and ctx.spec.train.trainer not in ONLINE_TRAINERS:
         return  # LG503: the fix is to delete the vllm section, which the trainer config refuses too
     yield from ctx.trainer_config_issues
+
+
+def without_echo(issues: list[Issue]) -> list[Issue]:
+    """LG901 at `train.args` itself is the trainer config's own cross-field refusal (it has no one field to name).
+    The checks name the same rules with their fields (LG350-LG352 staleness, LG343/LG344 peft, ...), so where
+    another error is reported on a `train` field, that echo is dropped: one message per mistake (what the config
+    still refuses is reported once the others are fixed)."""
+    def on_train(i: Issue) -> bool:
+        return i.code != "LG901" and i.severity == "error" and (i.path == "train" or i.path.startswith("train."))
+
+    if not any(on_train(i) for i in issues):
+        return issues
+    return [i for i in issues if not (i.code == "LG901" and i.path == "train.args")]
