@@ -59,6 +59,7 @@ import yaml
 from pydantic import ValidationError
 
 from launchgen import __version__, outdir, ports
+from launchgen import ports as ports_rule
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
 from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_PREEMPTED, RunRecord
@@ -69,6 +70,8 @@ from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.ownership import owned_args
 from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE, precision_conflict, resolve_precision
+from launchgen.replicas import ReplicaPlace
+from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
@@ -87,7 +90,7 @@ HEALTH_CLIENT_MARGIN_S = 60
 #: Seconds between two supervisor polls.
 POLL_INTERVAL_S = 1
 
-#: Variables the rendered scripts set; a Ref names one of these.
+#: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
 RUNTIME_VARS: dict[str, str] = {
     "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
     "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
@@ -99,6 +102,7 @@ RUNTIME_VARS: dict[str, str] = {
     "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
     "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
     "LG_SERVER_PORT": "vllm.port + offset",
+    "LG_REPLICAS_YAML": "every replica's host, port and group port as a YAML list (vllm.replicas > 1) [trainer step]",
     "LG_GROUP_PORT": "vllm.group_port + offset",
     "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
     "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
@@ -108,6 +112,12 @@ RUNTIME_VARS: dict[str, str] = {
     "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
     "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
 }
+
+
+def runtime_var_documented(var: str) -> bool:
+    """`var` is in RUNTIME_VARS, or is replica k's copy of one (`LG_SERVER_PORT_R1`, see `ReplicaPlan.var`)."""
+    base, sep, k = var.rpartition("_R")
+    return var in RUNTIME_VARS or (bool(sep) and k.isdigit() and base in RUNTIME_VARS)
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,7 @@ class Port:
     bound_by: str
     reached_by: str
     spec_path: str
+    replica: int = 0  # the `vllm.replicas` replica a server port belongs to (its base is the spec's + replica)
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,39 @@ class ServerCommand:
     argv: Argv
 
 
+#: The port variables of replica 0 (replica k's carry the suffix `_R<k>`, see `ReplicaPlan.var`).
+_REPLICA_PORT_VARS = {"port": "LG_SERVER_PORT", "group": "LG_GROUP_PORT", "dp_rpc": "LG_DP_RPC_PORT"}
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """One `vllm.replicas` server group: its nodes, GPUs, commands and the shell variables the script keeps for it."""
+
+    index: int
+    role: str  # "server" (replica 0) or "server-r<k>": its step script, step-id file and log names
+    positions: tuple[int, ...]  # leader first
+    gpus: tuple[int, ...]  # positions on each of its nodes
+    commands: tuple[ServerCommand, ...]
+    env: tuple[EnvVar, ...]
+    count: int = 1  # how many replicas the server has
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.index == 0 else f"_R{self.index}"
+
+    def var(self, name: str) -> str:
+        """This replica's copy of a per-replica script variable (`LG_SERVER_HOST` -> `LG_SERVER_HOST_R1`)."""
+        return name + self.suffix
+
+    @property
+    def step(self) -> str:
+        return f"steps/{self.role}.sh"
+
+    @property
+    def label(self) -> str:
+        return "vLLM server" if self.count == 1 else f"vLLM server replica {self.index}"
+
+
 @dataclass(frozen=True)
 class ServerPlan:
     positions: tuple[int, ...]  # leader first
@@ -204,6 +248,11 @@ class ServerPlan:
     health_path: str
     health_timeout: int
     executable: str
+    replicas: tuple[ReplicaPlan, ...] = ()  # every replica, replica 0 first (its commands and env are above)
+
+    @property
+    def multi_replica(self) -> bool:
+        return len(self.replicas) > 1
 
 
 @dataclass(frozen=True)
@@ -314,6 +363,8 @@ class Plan:
                 "health_path": self.server.health_path,
                 "health_timeout": self.server.health_timeout,
                 "argv": [[str(w) for w in c.argv] for c in self.server.commands],
+                "replicas": [{"index": r.index, "positions": list(r.positions), "gpus": list(r.gpus)}
+                             for r in self.server.replicas],
             },
             "trainer": {
                 "positions": list(self.trainer.positions),
@@ -403,15 +454,21 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
              "every trainer process", "train.main_process_port"),
     ]
     if v is not None and v.mode == "server":
-        leader = server_pos[0]
-        ports.append(Port("server_http", v.port, "LG_SERVER_PORT", leader, "vllm serve (HTTP API)",
-                          "trainer rank 0 and the supervisor", "vllm.port"))
-        ports.append(Port("group", v.group_port, "LG_GROUP_PORT", 0,
-                          "trainer rank 0 (NCCL weight-transfer rendezvous)", "every server worker",
-                          "vllm.group_port"))
-        if v.nodes > 1 and v.data_parallel_size > 1:
-            ports.append(Port("dp_rpc", v.dp_rpc_port, "LG_DP_RPC_PORT", leader, "vllm serve (DP coordinator)",
-                              "headless server nodes", "vllm.dp_rpc_port"))
+        lay = resolve_layout(spec)
+        places = replica_places(lay, v.replicas)
+        # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks
+        leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
+        for k, leader in enumerate(leaders):
+            sfx, of = ("", "") if k == 0 else (f"_R{k}", f" replica {k}")
+            ports.append(Port("server_http", ports_rule.replica_port(v.port, k), "LG_SERVER_PORT" + sfx, leader,
+                              f"vllm serve{of} (HTTP API)", "trainer rank 0 and the supervisor", "vllm.port", k))
+            ports.append(Port("group", ports_rule.replica_port(v.group_port, k), "LG_GROUP_PORT" + sfx, 0,
+                              f"trainer rank 0 (NCCL weight-transfer rendezvous{of})", "every server worker",
+                              "vllm.group_port", k))
+            if lay.multi_node_dp:
+                ports.append(Port("dp_rpc", ports_rule.replica_port(v.dp_rpc_port, k), "LG_DP_RPC_PORT" + sfx,
+                                  leader, f"vllm serve{of} (DP coordinator)", "headless server nodes",
+                                  "vllm.dp_rpc_port", k))
     if v is not None and v.mode == "colocate":
         ports.append(Port("colocate_master", t.colocate_master_port, "LG_COLOCATE_MASTER_PORT", 0,
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
@@ -455,6 +512,9 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
             # host and the ports are replaced at run time (--set); these are the base values
             srv.update({"port": v.port, "group_port": v.group_port,
                         "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
+            if v.replicas > 1:
+                srv["replicas"] = [{"host": "127.0.0.1", "port": ports.replica_port(v.port, k),
+                                    "group_port": ports.replica_port(v.group_port, k)} for k in range(v.replicas)]
     else:
         gen["backend"] = "vllm_colocate"
         col = gen.setdefault("vllm_colocate", {})
@@ -625,6 +685,39 @@ def _node_plan(lay: Layout, pos: int) -> NodePlan:
                     lay.trainer_gpus if machine_rank is not None else (), machine_rank, server_rank, lay.slots(pos))
 
 
+def _replica_plan(spec: Spec, rp: ReplicaPlace, common: list[Word], tail: list[Word], lay: Layout) -> ReplicaPlan:
+    """One replica's commands (leader, then headless DP nodes) and environment; its ports are `base + index`."""
+    v = spec.vllm
+    assert v is not None
+    names = _REPLICA_PORT_VARS if rp.index == 0 else {k: f"{x}_R{rp.index}" for k, x in _REPLICA_PORT_VARS.items()}
+    dp_local = lay.data_parallel_size_local
+    head: list[Word] = [*common]
+    if lay.multi_node_dp:
+        head += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
+                 "--data-parallel-rpc-port", Ref(names["dp_rpc"])]
+    head += tail
+    commands = []
+    for k, pos in enumerate(rp.positions):
+        if k == 0:
+            argv: list[Word] = [*head]
+            if lay.data_parallel_size > 1:
+                # vLLM defaults to one API server per DP rank; only one would carry the dev routes
+                argv += ["--api-server-count", "1"]
+            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref(names["port"])]
+        else:
+            argv = [*head, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
+        argv += list(v.extra_args)
+        commands.append(ServerCommand(pos, k, tuple(argv)))
+    senv = [
+        EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(rp.gpus), False) if v.device == "cuda"
+        else EnvVar("CUDA_VISIBLE_DEVICES", ""),
+        EnvVar("VLLM_SERVER_DEV_MODE", "1"),
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        *_user_env(spec, "server"),
+    ]
+    return ReplicaPlan(rp.index, rp.name, rp.positions, rp.gpus, tuple(commands), tuple(senv), v.replicas)
+
+
 # --------------------------------------------------------------------------------------------------- build
 
 def build_plan(loaded: LoadedSpec) -> Plan:
@@ -676,7 +769,6 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     # ---- server
     server: ServerPlan | None = None
     if v is not None and v.mode == "server":
-        leader = server_pos[0]
         multi_dp = lay.multi_node_dp
         dtype: str = spec.model.dtype
         if dtype == "auto":
@@ -693,51 +785,36 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         common += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
         if dp > 1:
             common += ["--data-parallel-size", str(dp)]
-        if multi_dp:
-            common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
-                       "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
+        tail: list[Word] = []
         if v.device == "cuda":
-            common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+            tail += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
         if v.kv_cache_memory_bytes is not None:
-            common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
+            tail += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
         if v.max_model_len is not None:
-            common += ["--max-model-len", str(v.max_model_len)]
+            tail += ["--max-model-len", str(v.max_model_len)]
         if v.enable_prefix_caching is not None:
-            common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+            tail.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
         if v.enforce_eager:
-            common.append("--enforce-eager")
-        common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode", "processed_logprobs",
-                   "--max-logprobs", "-1"]
-        commands = []
-        for k, pos in enumerate(server_pos):
-            if k == 0:
-                argv: list[Word] = [*common]
-                if dp > 1:
-                    # vLLM defaults to one API server per DP rank; only one would carry the dev routes
-                    argv += ["--api-server-count", "1"]
-                argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
-            else:
-                argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
-            argv += list(v.extra_args)
-            commands.append(ServerCommand(pos, k, tuple(argv)))
-        senv = [
-            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
-            else EnvVar("CUDA_VISIBLE_DEVICES", ""),
-            EnvVar("VLLM_SERVER_DEV_MODE", "1"),
-            EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-            *_user_env(spec, "server"),
-        ]
-        server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
-                            tuple(senv), "/health", v.health_timeout, " ".join(v.executable_words))
-        endpoints += [
-            Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
-                     "generation requests, weight-update control, /health"),
-            Endpoint("server workers", trainer_pos[0], "group", Ref("LG_MAIN_PROCESS_IP"),
-                     "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
-        ]
-        if multi_dp:
-            endpoints.append(Endpoint("headless server nodes", leader, "dp_rpc", Ref("LG_DP_ADDRESS"),
-                                      "vLLM data-parallel coordination"))
+            tail.append("--enforce-eager")
+        tail += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode",
+                 "processed_logprobs", "--max-logprobs", "-1"]
+        places = replica_places(lay, v.replicas)
+        _invariant(places is not None, "the server replicas do not cut the server GPUs into equal parts (LG201/LG220)")
+        assert places is not None
+        replicas = tuple(_replica_plan(spec, rp, common, tail, lay) for rp in places)
+        server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, replicas[0].commands,
+                            replicas[0].env, "/health", v.health_timeout, " ".join(v.executable_words), replicas)
+        for r in replicas:
+            what = "" if len(replicas) == 1 else f" (replica {r.index})"
+            endpoints += [
+                Endpoint("trainer rank 0, supervisor", r.positions[0], "server_http", Ref(r.var("LG_SERVER_HOST")),
+                         "generation requests, weight-update control, /health" + what),
+                Endpoint("server workers" + what, trainer_pos[0], "group", Ref("LG_MAIN_PROCESS_IP"),
+                         "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
+            ]
+            if multi_dp:
+                endpoints.append(Endpoint("headless server nodes" + what, r.positions[0], "dp_rpc",
+                                          Ref("LG_DP_ADDRESS"), "vLLM data-parallel coordination"))
     if mode == "colocate":
         endpoints.append(Endpoint("trainer processes (vLLM)", trainer_pos[0], "colocate_master",
                                   Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
@@ -752,6 +829,9 @@ def build_plan(loaded: LoadedSpec) -> Plan:
             Override("generation.vllm_server.group_port",
                      Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
         ]
+        if server is not None and server.multi_replica:
+            overrides.append(Override("generation.vllm_server.replicas",
+                                      Ref("LG_REPLICAS_YAML", "generation.vllm_server.replicas=")))
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),

@@ -8,6 +8,6 @@ from the current directory, which is where the job runs when it is submitted fro
 
 from __future__ import annotations
 
-from launchgen.preflight import data, model, rewards, setup
+from launchgen.preflight import data, model, replicas, rewards, setup
 
-__all__ = ["data", "model", "rewards", "setup"]
+__all__ = ["data", "model", "replicas", "rewards", "setup"]
