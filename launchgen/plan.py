@@ -52,349 +52,62 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
-from launchgen import __version__, outdir, ports
+from launchgen import __version__, outdir
 from launchgen import ports as ports_rule
+from launchgen.accelerate_config import accelerate_config
 from launchgen.issues import Issue, SpecError
-from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
-from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_PREEMPTED, RunRecord
-from launchgen.jobdir import EXIT_SERVER_FAILED as EXIT_SERVER_FAILED
+from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
-from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
-from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args
-from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE, precision_conflict, resolve_precision
+from launchgen.loader import LoadedSpec
+from launchgen.planmodel import (
+    HEALTH_CLIENT_MARGIN_S,
+    HEALTH_REQUEST_TIMEOUT_S,
+    MAX_PORT_OFFSET,
+    POLL_INTERVAL_S,
+    RUNTIME_VARS,
+    STOP_GRACE_S,
+    Argv,
+    Endpoint,
+    EnvVar,
+    GpuAssignment,
+    NodePlan,
+    Override,
+    Plan,
+    PlanInvariantError,
+    Port,
+    Ref,
+    ReplicaPlan,
+    ServerCommand,
+    ServerPlan,
+    SlurmPlan,
+    TrainerPlan,
+    Word,
+    _err,
+    _invariant,
+    runtime_var_documented,
+)
+from launchgen.precision import PRECISION_DTYPE, precision_conflict, resolve_precision
 from launchgen.replicas import ReplicaPlace
 from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainer_config import build_trainer_config
 
-Scheduler = Literal["sbatch", "bash"]
-
-#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
-MAX_PORT_OFFSET = ports.MAX_OFFSET
-#: Seconds between TERM and KILL when one side is stopped.
-STOP_GRACE_S = 30
-#: Timeout of one /health request of the supervisor.
-HEALTH_REQUEST_TIMEOUT_S = 5
-#: The trainer's own /health wait is longer than vllm.health_timeout by this much, so that the supervisor, which
-#: names the server's log, is the one that reports a server that never became healthy.
-HEALTH_CLIENT_MARGIN_S = 60
-#: Seconds between two supervisor polls.
-POLL_INTERVAL_S = 1
-
-#: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
-RUNTIME_VARS: dict[str, str] = {
-    "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
-    "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
-    "LG_NODE": "this node's name (SLURMD_NODENAME; `local` under --bash) [step]",
-    "LG_NODE_ADDR": "this node's cluster address (getent ahostsv4; 127.0.0.1 under --bash) [step]",
-    "LG_MACHINE_RANK": "index of this node among the trainer nodes [trainer step]",
-    "LG_SERVER_HOST": "address trainers and the supervisor use to reach the server",
-    "LG_SERVER_HOST_YAML": "LG_SERVER_HOST as a YAML single-quoted scalar [trainer step]",
-    "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
-    "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
-    "LG_SERVER_PORT": "vllm.port + offset",
-    "LG_REPLICAS_YAML": "every replica's host, port and group port as a YAML list (vllm.replicas > 1) [trainer step]",
-    "LG_GROUP_PORT": "vllm.group_port + offset",
-    "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
-    "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
-    "LG_DP_RPC_PORT": "vllm.dp_rpc_port + offset",
-    "LG_MAIN_PROCESS_IP": "name of trainer node 0 (127.0.0.1 under --bash)",
-    "LG_ACCELERATE_CONFIG": "$LG_JOB_DIR/accelerate.yaml",
-    "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
-    "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
-}
-
-
-def runtime_var_documented(var: str) -> bool:
-    """`var` is in RUNTIME_VARS, or is replica k's copy of one (`LG_SERVER_PORT_R1`, see `ReplicaPlan.var`)."""
-    base, sep, k = var.rpartition("_R")
-    return var in RUNTIME_VARS or (bool(sep) and k.isdigit() and base in RUNTIME_VARS)
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A run-time value: the shell variable `var` (see RUNTIME_VARS), optionally after a literal prefix."""
-
-    var: str
-    prefix: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.prefix}${{{self.var}}}"
-
-
-Word = str | Ref
-Argv = tuple[Word, ...]
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    name: str
-    value: str
-    #: False: `value` is a shell expression generated by launchgen (never spec text), rendered unquoted.
-    literal: bool = True
-    #: where it comes from: "launchgen" or the spec path (e.g. "slurm.env.trainer")
-    source: str = "launchgen"
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    position: int
-    roles: tuple[Role, ...]
-    server_gpus: tuple[int, ...]
-    trainer_gpus: tuple[int, ...]
-    machine_rank: int | None  # trainer machine rank
-    server_rank: int | None  # index among server nodes (0 = leader, runs the API server)
-    slots: tuple[GpuSlot, ...]
-
-    @property
-    def shared(self) -> bool:
-        return len(self.roles) > 1
-
-
-@dataclass(frozen=True)
-class Port:
-    name: Literal["server_http", "group", "main_process", "colocate_master", "dp_rpc"]
-    base: int
-    var: str  # run-time variable holding base + offset
-    host_position: int  # node position that binds it
-    bound_by: str
-    reached_by: str
-    spec_path: str
-    replica: int = 0  # the `vllm.replicas` replica a server port belongs to (its base is the spec's + replica)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An address one side must reach: `who` connects to node `position`'s `port` (a Port.name)."""
-
-    who: str
-    position: int
-    port: str
-    host: Word
-    why: str
-
-
-@dataclass(frozen=True)
-class GpuAssignment:
-    """GPU positions per role, before TP layout (what `resolve_gpus` returns to checks)."""
-
-    trainer_positions: tuple[int, ...]
-    server_positions: tuple[int, ...]
-    trainer_gpus: tuple[int, ...]  # on every trainer node
-    server_gpus: tuple[int, ...]  # on every server node
-    shared_position: int | None  # the node both use, if any
-
-
-@dataclass(frozen=True)
-class ServerCommand:
-    position: int
-    server_rank: int
-    argv: Argv
-
-
-#: The port variables of replica 0 (replica k's carry the suffix `_R<k>`, see `ReplicaPlan.var`).
-_REPLICA_PORT_VARS = {"port": "LG_SERVER_PORT", "group": "LG_GROUP_PORT", "dp_rpc": "LG_DP_RPC_PORT"}
-
-
-@dataclass(frozen=True)
-class ReplicaPlan:
-    """One `vllm.replicas` server group: its nodes, GPUs, commands and the shell variables the script keeps for it."""
-
-    index: int
-    role: str  # "server" (replica 0) or "server-r<k>": its step script, step-id file and log names
-    positions: tuple[int, ...]  # leader first
-    gpus: tuple[int, ...]  # positions on each of its nodes
-    commands: tuple[ServerCommand, ...]
-    env: tuple[EnvVar, ...]
-    count: int = 1  # how many replicas the server has
-
-    @property
-    def suffix(self) -> str:
-        return "" if self.index == 0 else f"_R{self.index}"
-
-    def var(self, name: str) -> str:
-        """This replica's copy of a per-replica script variable (`LG_SERVER_HOST` -> `LG_SERVER_HOST_R1`)."""
-        return name + self.suffix
-
-    @property
-    def step(self) -> str:
-        return f"steps/{self.role}.sh"
-
-    @property
-    def label(self) -> str:
-        return "vLLM server" if self.count == 1 else f"vLLM server replica {self.index}"
-
-
-@dataclass(frozen=True)
-class ServerPlan:
-    positions: tuple[int, ...]  # leader first
-    gpus: tuple[int, ...]  # positions on each server node
-    tensor_parallel_size: int
-    data_parallel_size: int
-    data_parallel_size_local: int
-    multi_node_dp: bool
-    bind: str  # "node", "0.0.0.0" or an address
-    commands: tuple[ServerCommand, ...]
-    env: tuple[EnvVar, ...]
-    health_path: str
-    health_timeout: int
-    executable: str
-    replicas: tuple[ReplicaPlan, ...] = ()  # every replica, replica 0 first (its commands and env are above)
-
-    @property
-    def multi_replica(self) -> bool:
-        return len(self.replicas) > 1
-
-
-@dataclass(frozen=True)
-class Override:
-    key: str
-    value: Word
-
-
-@dataclass(frozen=True)
-class TrainerPlan:
-    positions: tuple[int, ...]
-    gpus: tuple[int, ...]
-    device: Literal["cuda", "cpu"]
-    num_machines: int
-    processes_per_node: int
-    num_processes: int
-    backend: str
-    module: str
-    argv: Argv
-    env: tuple[EnvVar, ...]
-    unset_env: tuple[str, ...]
-    overrides: tuple[Override, ...]
-    accelerate_config: dict[str, Any]
-    accelerate_config_yaml: str
-    config: TrainerConfig
-    config_yaml: str
-    colocate: bool
-
-
-@dataclass(frozen=True)
-class SlurmPlan:
-    directives: tuple[str, ...]  # text after `#SBATCH `
-    setup: tuple[str, ...]
-    signal_grace: int
-    max_restarts: int
-    requeue: bool
-    cpus_per_task: int | None
-
-
-@dataclass(frozen=True)
-class Plan:
-    version: str
-    source: str  # the spec path the user gave (for the regenerate line)
-    spec: Spec
-    spec_yaml: str  # canonical resolved spec
-    spec_hash: str  # sha256 of the canonical JSON of the resolved spec
-    job_name: str
-    num_nodes: int
-    gpus_per_node: int
-    device: Literal["cuda", "cpu"]
-    nodes: tuple[NodePlan, ...]
-    ports: tuple[Port, ...]
-    port_offset: bool
-    endpoints: tuple[Endpoint, ...]
-    server: ServerPlan | None
-    trainer: TrainerPlan
-    layout: JobLayout
-    slurm: SlurmPlan
-    vllm_mode: Literal["server", "colocate", "none"]
-    stop_grace: int = STOP_GRACE_S
-    #: after USR2, a trainer still running this long (half the signal grace: e.g. USR2 came while it was still
-    #: loading and had no pid file yet) is stopped with TERM, so the job can still requeue before the limit
-    usr2_stop_after: int = 0
-    health_request_timeout: int = HEALTH_REQUEST_TIMEOUT_S
-    poll_interval: int = POLL_INTERVAL_S
-    exit_server_failed: int = EXIT_SERVER_FAILED
-    exit_preempted: int = EXIT_PREEMPTED
-    warnings: tuple[Issue, ...] = field(default_factory=tuple)
-
-    def node(self, position: int) -> NodePlan:
-        return self.nodes[position]
-
-    def port(self, name: str) -> Port | None:
-        return next((p for p in self.ports if p.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """The static part of launchgen-plan.json (the script adds names, effective ports, attempt)."""
-        return RunRecord(plan=self._static_json()).to_json()
-
-    def _static_json(self) -> dict[str, Any]:
-        return {
-            "launchgen_version": self.version,
-            "spec_hash": self.spec_hash,
-            "job_name": self.job_name,
-            "vllm_mode": self.vllm_mode,
-            "num_nodes": self.num_nodes,
-            "nodes": [
-                {
-                    "position": n.position,
-                    "roles": list(n.roles),
-                    "server_gpus": list(n.server_gpus),
-                    "trainer_gpus": list(n.trainer_gpus),
-                    "machine_rank": n.machine_rank,
-                    "server_rank": n.server_rank,
-                }
-                for n in self.nodes
-            ],
-            "ports": [
-                {"name": p.name, "base": p.base, "var": p.var, "host_position": p.host_position,
-                 "spec_path": p.spec_path}
-                for p in self.ports
-            ],
-            "port_offset": "job_id" if self.port_offset else "none",
-            "server": None if self.server is None else {
-                "positions": list(self.server.positions),
-                "tensor_parallel_size": self.server.tensor_parallel_size,
-                "data_parallel_size": self.server.data_parallel_size,
-                "health_path": self.server.health_path,
-                "health_timeout": self.server.health_timeout,
-                "argv": [[str(w) for w in c.argv] for c in self.server.commands],
-                "replicas": [{"index": r.index, "positions": list(r.positions), "gpus": list(r.gpus)}
-                             for r in self.server.replicas],
-            },
-            "trainer": {
-                "positions": list(self.trainer.positions),
-                "num_processes": self.trainer.num_processes,
-                "backend": self.trainer.backend,
-                "module": self.trainer.module,
-                "argv": [str(w) for w in self.trainer.argv],
-            },
-            "layout": self.layout.to_json(),
-            "signal_grace": self.slurm.signal_grace,
-            "max_restarts": self.slurm.max_restarts,
-            "exit_server_failed": self.exit_server_failed,
-        }
-
-
-# --------------------------------------------------------------------------------------------------- helpers
-
-def _err(code: str, path: str, message: str, fix: str, loaded: LoadedSpec | None) -> Issue:
-    line = loaded.line_of(path) if loaded is not None else None
-    return Issue(code, path, message, fix, "error", line, loaded.path if loaded is not None else None)
-
-
-class PlanInvariantError(AssertionError):
-    """`build_plan` got a spec the checks refuse: a bug of the caller (or a missing check), never a user message."""
-
-
-def _invariant(ok: bool, what: str) -> None:
-    if not ok:
-        raise PlanInvariantError(f"internal error: {what}; `launchgen check` refuses this spec, so no plan is built "
-                                 "from it (call checks.run_checks, not build_plan, on unchecked specs)")
+# The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
+# launchgen.trainer_config, the accelerate file in launchgen.accelerate_config; callers import it all from here.
+__all__ = [
+    "COMPLETE_MARKER", "EXIT_SERVER_FAILED", "HEALTH_CLIENT_MARGIN_S", "HEALTH_REQUEST_TIMEOUT_S", "MAX_PORT_OFFSET",
+    "POLL_INTERVAL_S", "RUNTIME_VARS", "STOP_GRACE_S", "Argv", "Endpoint", "EnvVar", "GpuAssignment", "GpuSlot",
+    "NodePlan", "Override", "Plan", "PlanInvariantError", "Port", "Ref", "ReplicaPlan", "ServerCommand", "ServerPlan", "SlurmPlan",
+    "TrainerPlan", "Word", "accelerate_config", "bash_issues", "build_plan", "build_trainer_config", "node_layout",
+    "plan_cpus_per_node", "resolve_gpus", "resolve_ports", "resolve_precision", "runtime_var_documented", "spec_canonical_json",
+    "spec_hash",
+]
 
 
 def spec_canonical_json(spec: Spec) -> str:
@@ -474,114 +187,6 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
                           "train.colocate_master_port"))
     return tuple(ports)
-
-
-def build_trainer_config(spec: Spec, precision: str, output_dir: str,
-                         loaded: LoadedSpec | None = None) -> TrainerConfig:
-    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901)."""
-    import copy
-
-    args = copy.deepcopy(spec.train.args)
-    _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
-    v, t, m = spec.vllm, spec.train, spec.model
-    data: dict[str, Any] = {
-        "trainer": t.trainer,
-        "output_dir": output_dir,
-        "precision": precision,
-        "model": {
-            "name_or_path": m.name_or_path,
-            "revision": m.revision,
-            "trust_remote_code": m.trust_remote_code,
-            "dtype": m.dtype,
-            "attn_implementation": t.attn_implementation,
-            "use_liger_kernel": t.use_liger_kernel,
-            "gradient_checkpointing": t.gradient_checkpointing,
-        },
-    }
-    data.update(args)
-    gen = data.setdefault("generation", {})
-    if not isinstance(gen, dict):
-        raise SpecError([_err("LG901", "train.args.generation", "must be a mapping",
-                              "Write `generation:` as a mapping of generation settings.", loaded)])
-    if v is None:
-        gen["backend"] = "hf"
-    elif v.mode == "server":
-        gen["backend"] = "vllm_server"
-        srv = gen.setdefault("vllm_server", {})
-        if isinstance(srv, dict):
-            # host and the ports are replaced at run time (--set); these are the base values
-            srv.update({"port": v.port, "group_port": v.group_port,
-                        "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
-            if v.replicas > 1:
-                srv["replicas"] = [{"host": "127.0.0.1", "port": ports.replica_port(v.port, k),
-                                    "group_port": ports.replica_port(v.group_port, k)} for k in range(v.replicas)]
-    else:
-        gen["backend"] = "vllm_colocate"
-        col = gen.setdefault("vllm_colocate", {})
-        if isinstance(col, dict):
-            col.update({
-                "tensor_parallel_size": v.tensor_parallel_size,
-                "gpu_memory_utilization": v.gpu_memory_utilization if "gpu_memory_utilization"
-                in v.model_fields_set else 0.3,
-                "max_model_len": v.max_model_len,
-                "enable_sleep_mode": v.enable_sleep_mode,
-            })
-    try:
-        return TrainerConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = loaded.lines if loaded is not None else {}
-        file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
-        generic = _PYDANTIC_FIXES
-        raise SpecError([Issue("LG901", i.path, i.message,
-                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
-                               if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
-
-
-def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
-                      device: str) -> dict[str, Any]:
-    """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI)."""
-    mixed = MIXED_PRECISION[precision]
-    cfg: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "debug": False,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "mixed_precision": mixed,
-        "num_machines": num_machines,
-        "num_processes": num_processes,
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": device == "cpu",
-    }
-    if device == "cpu":
-        cfg["distributed_type"] = "MULTI_CPU" if num_processes > 1 else "NO"
-        return cfg
-    cfg["gpu_ids"] = "all"
-    if backend == "ddp":
-        cfg["distributed_type"] = "MULTI_GPU" if num_processes > 1 else "NO"
-    elif backend == "fsdp":
-        cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": False,
-            "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        }
-    else:
-        stage = 3 if backend == "deepspeed_zero3" else 2
-        cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = {
-            "deepspeed_multinode_launcher": "standard",
-            "offload_optimizer_device": "none",
-            "offload_param_device": "none",
-            "zero3_init_flag": stage == 3,
-            "zero3_save_16bit_model": stage == 3,
-            "zero_stage": stage,
-        }
-    return cfg
 
 
 def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
@@ -676,20 +281,15 @@ def _assert_parallel_layout(lay: Layout) -> None:
         _invariant(lay.colocate_tp_fits, "colocate TP does not divide the trainer processes of a node (LG209)")
 
 
-def _node_plan(lay: Layout, pos: int) -> NodePlan:
-    machine_rank = lay.trainer_positions.index(pos) if pos in lay.trainer_positions else None
-    server_rank = lay.server_positions.index(pos) if pos in lay.server_positions else None
-    roles: tuple[Role, ...] = (*(("server",) if server_rank is not None else ()),
-                               *(("trainer",) if machine_rank is not None else ()))
-    return NodePlan(pos, roles, lay.server_gpus if server_rank is not None else (),
-                    lay.trainer_gpus if machine_rank is not None else (), machine_rank, server_rank, lay.slots(pos))
+#: The port variables of replica 0 (replica k's carry the suffix `_R<k>`, see `ReplicaPlan.var`).
+_REPLICA_PORT_VARS = {"port": "LG_SERVER_PORT", "group": "LG_GROUP_PORT", "dp_rpc": "LG_DP_RPC_PORT"}
 
 
 def _replica_plan(spec: Spec, rp: ReplicaPlace, common: list[Word], tail: list[Word], lay: Layout) -> ReplicaPlan:
     """One replica's commands (leader, then headless DP nodes) and environment; its ports are `base + index`."""
     v = spec.vllm
     assert v is not None
-    names = _REPLICA_PORT_VARS if rp.index == 0 else {k: f"{x}_R{rp.index}" for k, x in _REPLICA_PORT_VARS.items()}
+    names = {k: x + ("" if rp.index == 0 else f"_R{rp.index}") for k, x in _REPLICA_PORT_VARS.items()}
     dp_local = lay.data_parallel_size_local
     head: list[Word] = [*common]
     if lay.multi_node_dp:
@@ -716,6 +316,15 @@ def _replica_plan(spec: Spec, rp: ReplicaPlace, common: list[Word], tail: list[W
         *_user_env(spec, "server"),
     ]
     return ReplicaPlan(rp.index, rp.name, rp.positions, rp.gpus, tuple(commands), tuple(senv), v.replicas)
+
+
+def _node_plan(lay: Layout, pos: int) -> NodePlan:
+    machine_rank = lay.trainer_positions.index(pos) if pos in lay.trainer_positions else None
+    server_rank = lay.server_positions.index(pos) if pos in lay.server_positions else None
+    roles: tuple[Role, ...] = (*(("server",) if server_rank is not None else ()),
+                               *(("trainer",) if machine_rank is not None else ()))
+    return NodePlan(pos, roles, lay.server_gpus if server_rank is not None else (),
+                    lay.trainer_gpus if machine_rank is not None else (), machine_rank, server_rank, lay.slots(pos))
 
 
 # --------------------------------------------------------------------------------------------------- build

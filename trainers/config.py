@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from launchgen import ports
+
 TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
 #: Trainers that generate online and can therefore use a vLLM backend.
 ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
@@ -122,10 +124,10 @@ class ReplicaAddress(_Strict):
 
 class VLLMServerSection(_Strict):
     host: str = Field(default="127.0.0.1", description="Address of the `vllm serve` process.")
-    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the server.")
+    port: int = Field(default=ports.SERVER_HTTP_DEFAULT, ge=1, le=65535, description="HTTP port of the server.")
     base_url: str | None = Field(default=None, description="Overrides host and port when set.")
     group_port: int = Field(
-        default=51216, ge=1, le=65535,
+        default=ports.GROUP_DEFAULT, ge=1, le=65535,
         description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous (the server connects to it).",
     )
     group_host: str | None = Field(

@@ -241,8 +241,10 @@ class Trainer:
             _truncate_metrics(metrics_path, self.global_step)
         bar = self._progress_bar()
         try:
-            if self.source.needs_weight_sync and self.resumed_from is not None:
-                # A requeued job's vLLM engine starts from the base weights: push the resumed ones first.
+            if self.source.needs_weight_sync and self.global_step < cfg.max_steps:
+                # The engine's weights are not known to be the policy's before the first generation: a requeued
+                # job's vLLM starts from the base weights, a long-lived server holds whatever its last trainer
+                # pushed, and a fresh policy may differ from the checkpoint the server loaded. Push them first.
                 self._sync_weights()
             while self.global_step < cfg.max_steps:
                 # Checked before each step (so also right after setup, where loading can take minutes): after the

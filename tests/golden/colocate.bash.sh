@@ -165,7 +165,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_32B47C980700C9EE
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D887F3C6861488C8'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FF6FAD83D6A57502'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -210,7 +210,7 @@ generation:
     host: 127.0.0.1
     port: 8000
     base_url: null
-    group_port: 51216
+    group_port: 29551
     group_host: null
     health_timeout: 240.0
     request_timeout: 600.0
@@ -264,7 +264,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_D887F3C6861488C8
+LAUNCHGEN_EOF_FF6FAD83D6A57502
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

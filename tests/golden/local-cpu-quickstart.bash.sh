@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4CC757B5C81679B9'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_15222E4A42865E9B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -198,7 +198,7 @@ generation:
     host: 127.0.0.1
     port: 8000
     base_url: null
-    group_port: 51216
+    group_port: 29551
     group_host: null
     health_timeout: 240.0
     request_timeout: 600.0
@@ -251,7 +251,7 @@ logging_steps: 1
 report_to:
 - jsonl
 resume: auto
-LAUNCHGEN_EOF_4CC757B5C81679B9
+LAUNCHGEN_EOF_15222E4A42865E9B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

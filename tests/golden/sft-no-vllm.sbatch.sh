@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_0448F47921D92AD0'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_BBB5EA77804B8805'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -198,7 +198,7 @@ generation:
     host: 127.0.0.1
     port: 8000
     base_url: null
-    group_port: 51216
+    group_port: 29551
     group_host: null
     health_timeout: 240.0
     request_timeout: 600.0
@@ -252,7 +252,7 @@ report_to:
 - jsonl
 - tensorboard
 resume: auto
-LAUNCHGEN_EOF_0448F47921D92AD0
+LAUNCHGEN_EOF_BBB5EA77804B8805
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

@@ -27,6 +27,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
+from launchgen import ports
 from launchgen.compat import vllm_feature_since
 
 from .protocol import SamplingParams
@@ -161,7 +162,7 @@ class VLLMClient:
     def __init__(
         self,
         host: str = "127.0.0.1",
-        port: int = 8000,
+        port: int = ports.SERVER_HTTP_DEFAULT,
         *,
         base_url: str | None = None,
         request_timeout: float = 600.0,

@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from launchgen import ports
+
 from .protocol import SamplingParams
 from .rank_zero import RankZeroBackend
 from .sync_support import (
@@ -83,7 +85,7 @@ class VLLMServerBackend(RankZeroBackend):
         transport: Transport | None,
         num_generations: int,
         group_host: str | None = None,
-        group_port: int = 51216,
+        group_port: int = ports.GROUP_DEFAULT,
         health_timeout: float = 240.0,
         request_timeout: float = 600.0,
         weight_sync_timeout: float = 1800.0,
