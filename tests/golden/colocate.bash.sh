@@ -165,7 +165,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_32B47C980700C9EE
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FF6FAD83D6A57502'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_101AB06C30AE58CD'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -224,12 +224,16 @@ generation:
     max_model_len: 2048
     enable_sleep_mode: true
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -263,8 +267,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_FF6FAD83D6A57502
+LAUNCHGEN_EOF_101AB06C30AE58CD
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -176,7 +176,7 @@ train:
     max_steps: 500
 LAUNCHGEN_EOF_B96C2A0CFBD95FB7
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_761EF6A026CA5EAD'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8EE21FDF5A368542'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: runs/%j/trainer
@@ -241,12 +241,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -280,8 +284,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_761EF6A026CA5EAD
+LAUNCHGEN_EOF_8EE21FDF5A368542
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
