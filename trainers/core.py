@@ -36,7 +36,7 @@ from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
-from launchgen.trainers.stats import Stat, StepStats, mean_ignoring_nan, reduce_step
+from launchgen.trainers.stats import Stat, StepStats, reduce_step, window_value
 from launchgen.trainers.weights import iter_full_named_params
 
 #: Formats of the progress-bar fields a batch source names (shown when the step produced all of them).
@@ -337,7 +337,7 @@ class Trainer:
             self._pending[key].append(value)
         if self.global_step % self.cfg.logging_steps == 0 or self.global_step == self.cfg.max_steps:
             # As TRL: each key is the mean over the steps since the last log that produced it.
-            self._log(path, {k: mean_ignoring_nan(v) for k, v in self._pending.items()})
+            self._log(path, {k: window_value(k, v) for k, v in self._pending.items()})
             self._pending.clear()
 
     def _finish(self) -> int:
