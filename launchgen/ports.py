@@ -7,9 +7,23 @@ by `WRAP` instead, so it stays in `WRAP_LOW`..32767: no shifted port of a safe b
 taken. Distinct offsets still give distinct ports (the offsets differ by less than `WRAP`).
 
 `shift` is the Python rule (checks, tests); `shell_expr` renders the same rule for the job scripts.
+
+This module is also the one owner of each port's default: the spec (`launchgen/spec.py`), the trainer config
+(`trainers/config.py`) and the trainer's vLLM client and backend import them (standard library only, so the
+trainers can).
 """
 
 from __future__ import annotations
+
+#: `vllm.port`: the server's HTTP API.
+SERVER_HTTP_DEFAULT = 8000
+#: `train.main_process_port`: the accelerate / torch.distributed rendezvous on trainer node 0.
+MAIN_PROCESS_DEFAULT = 29500
+#: `vllm.dp_rpc_port`: vLLM's `--data-parallel-rpc-port` when DP spans nodes.
+DP_RPC_DEFAULT = 29550
+#: `vllm.group_port`: the weight-transfer rendezvous trainer rank 0 hosts. TRL's 51216 lies in the ephemeral
+#: range (an outgoing connection can already hold it); this sits beside the other ports, below that range.
+GROUP_DEFAULT = 29551
 
 PORT_MIN, PORT_MAX = 1024, 65535
 EPHEMERAL_LOW, EPHEMERAL_HIGH = 32768, 60999
@@ -51,7 +65,6 @@ def shell_expr(base: int, offset_var: str) -> str:
     if b >= EPHEMERAL_LOW or b + MAX_OFFSET < EPHEMERAL_LOW:  # no offset can carry it into the range
         return f"$(({b} + {offset_var}))"
     return f"$(({b} + {offset_var} >= {EPHEMERAL_LOW} ? {b} + {offset_var} - {WRAP} : {b} + {offset_var}))"
-
 
 
 def same_job_clash(a: int, b: int) -> int | None:

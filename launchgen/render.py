@@ -1,4 +1,5 @@
-"""Plan -> script text. Rendering is a pure function of the plan: every decision is in `plan.py`.
+"""Plan -> script text. Rendering is a pure function of the plan and the scheduler's profile: every decision is in
+`plan.py` or a field of `launchgen.schedulers.SchedulerProfile` (the templates never test the scheduler's name).
 
 Spec text reaches shell only through the `q` filter (shlex.quote) or inside quoted heredocs (files written
 verbatim), except `slurm.setup` lines, which are shell code by design. Run-time values are `Ref`s, rendered as
@@ -12,15 +13,14 @@ import json
 import shlex
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 
 from launchgen import jobdir, ports
 from launchgen.issues import SpecError
 from launchgen.plan import Plan, Ref, Word, bash_issues
-
-SchedulerName = Literal["sbatch", "bash"]
+from launchgen.schedulers import SchedulerName, SchedulerProfile, profile
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -112,15 +112,15 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def _context(plan: Plan, scheduler: SchedulerName) -> dict[str, Any]:
+def _context(plan: Plan, sched: SchedulerProfile) -> dict[str, Any]:
     # the job-directory contract's names (events, time format, run-record writer) come from launchgen.jobdir
-    return {"plan": plan, "sched": scheduler, "Ref": Ref, **jobdir.template_context()}
+    return {"plan": plan, "sched": sched, "Ref": Ref, **jobdir.template_context()}
 
 
 def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     """The step scripts the job writes into $LG_JOB_DIR/steps/ (relative path -> text)."""
     env = environment()
-    ctx = _context(plan, scheduler)
+    ctx = _context(plan, profile(scheduler))
     steps = {"steps/trainer.sh": env.get_template("steps/trainer.sh.j2").render(ctx),
              "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
     if plan.server is not None:
@@ -141,13 +141,12 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
 
 
 def render_script(plan: Plan, scheduler: SchedulerName) -> str:
-    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under `bash`."""
-    if scheduler == "bash":
+    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler."""
+    sched = profile(scheduler)
+    if sched.loopback:
         problems = bash_issues(plan)
         if problems:
             raise SpecError(problems)
-    env = environment()
-    ctx = _context(plan, scheduler)
+    ctx = _context(plan, sched)
     ctx["files"] = render_files(plan, scheduler)
-    name = "sbatch.j2" if scheduler == "sbatch" else "bash.j2"
-    return env.get_template(name).render(ctx)
+    return environment().get_template(sched.template).render(ctx)

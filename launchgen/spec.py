@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from launchgen import directives
+from launchgen import directives, ports
 from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, Precision, TrainerName
 
 SPEC_VERSION = 1
@@ -277,14 +277,14 @@ class VLLMSpec(_Section):
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="`--tensor-parallel-size`.")
     data_parallel_size: int = Field(default=1, ge=1, description="`--data-parallel-size` (discouraged for dense models).")
-    port: int = Field(default=8000, description="HTTP port of the server.")
+    port: int = Field(default=ports.SERVER_HTTP_DEFAULT, description="HTTP port of the server.")
     group_port: int = Field(
-        default=29551,
+        default=ports.GROUP_DEFAULT,
         description="Port trainer rank 0 binds for the NCCL weight-transfer rendezvous; server workers connect to it. "
         "TRL's default 51216 lies in the Linux ephemeral range (32768-60999), where an outgoing connection can "
-        "already hold it; 29551 sits beside the other launchgen ports, below that range.",
+        f"already hold it; {ports.GROUP_DEFAULT} sits beside the other launchgen ports, below that range.",
     )
-    dp_rpc_port: int = Field(default=29550, description="`--data-parallel-rpc-port` when DP spans several nodes.")
+    dp_rpc_port: int = Field(default=ports.DP_RPC_DEFAULT, description="`--data-parallel-rpc-port` when DP spans several nodes.")
     bind: Annotated[str, AfterValidator(bind_address)] = Field(
         default="node",
         description="Address the server listens on: `node` (the node's cluster address, default), `0.0.0.0`, "
@@ -297,7 +297,9 @@ class VLLMSpec(_Section):
         "(TRL default 0.3 when unset in colocate mode).",
     )
     enable_prefix_caching: bool | None = Field(default=None, description="`--enable-prefix-caching` / `--no-...`.")
-    enforce_eager: bool = Field(default=False, description="`--enforce-eager`.")
+    enforce_eager: bool = Field(
+        default=False, description="`--enforce-eager`; colocate: the in-process engine's `enforce_eager`."
+    )
     enable_sleep_mode: bool = Field(default=False, description="Colocate: sleep (level 2) between generations.")
     health_timeout: int = Field(
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
@@ -316,7 +318,8 @@ class VLLMSpec(_Section):
     )
     kv_cache_memory_bytes: int | None = Field(
         default=None, ge=1,
-        description="`--kv-cache-memory-bytes`. On CPU, vLLM's default takes 90 % of the node's RAM.",
+        description="`--kv-cache-memory-bytes` (colocate: the in-process engine's `kv_cache_memory_bytes`). On "
+        "CPU, vLLM's default takes 90 % of the node's RAM.",
     )
     weight_transfer_backend: Literal["nccl", "gloo"] | None = Field(
         default=None,
@@ -357,7 +360,7 @@ class TrainSpec(_Section):
         "smoke tests. `cuda`: GPUs from `gpus`.",
     )
     backend: Backend = Field(default="ddp", description="Distributed backend: ddp, fsdp (FSDP2), deepspeed_zero2/3.")
-    main_process_port: int = Field(default=29500, description="accelerate/torch rendezvous port on trainer node 0.")
+    main_process_port: int = Field(default=ports.MAIN_PROCESS_DEFAULT, description="accelerate/torch rendezvous port on trainer node 0.")
     colocate_master_port: int = Field(
         default=29600, description="Colocate: MASTER_PORT vLLM's external launcher uses (distinct from the rendezvous)."
     )

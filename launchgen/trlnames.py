@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launchgen import ports
+
 GRPO, RLOO, DPO, SCRIPT = "GRPOConfig", "RLOOConfig", "OnlineDPOConfig", "ModelConfig/ScriptArguments"
 _ONLINE = (GRPO, RLOO, DPO)
 _GR = (GRPO, RLOO)
@@ -44,7 +46,7 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("vllm_server_base_url", _ONLINE, "", _RESOLVED),
     TrlName("vllm_server_port", _ONLINE, "vllm.port"),
     TrlName("vllm_server_timeout", _ONLINE, "vllm.health_timeout", "seconds to wait for the server's /health"),
-    TrlName("vllm_group_port", _ONLINE, "vllm.group_port", "TRL's 51216 is in the ephemeral range; 29551 here"),
+    TrlName("vllm_group_port", _ONLINE, "vllm.group_port", f"TRL's 51216 is in the ephemeral range; {ports.GROUP_DEFAULT} here"),
     TrlName("vllm_gpu_memory_utilization", _ONLINE, "vllm.gpu_memory_utilization",
             "the server's share in server mode, each trainer GPU's share in colocate mode"),
     TrlName("vllm_tensor_parallel_size", _ONLINE, "vllm.tensor_parallel_size"),
@@ -102,7 +104,8 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("save_steps", _ONLINE, f"{_A}.save_steps"),
     TrlName("save_total_limit", _ONLINE, f"{_A}.save_total_limit"),
     TrlName("logging_steps", _ONLINE, f"{_A}.logging_steps"),
-    TrlName("report_to", _ONLINE, f"{_A}.report_to", "jsonl and/or tensorboard"),
+    TrlName("report_to", _ONLINE, f"{_A}.report_to", "jsonl, tensorboard and/or wandb"),
+    TrlName("run_name", _ONLINE, f"{_A}.run_name", "the wandb run's name"),
     TrlName("seed", _ONLINE, f"{_A}.seed"),
     TrlName("beta", _ONLINE, f"{_A}.beta"),
     TrlName("epsilon", _GR, f"{_A}.epsilon"),

@@ -54,3 +54,26 @@ def test_defaults_pass_and_ports_the_wrap_makes_equal_are_refused() -> None:
     assert _codes(8000, 29551) == []
     # 22005 and 32005: at offset 1000 both become 23005 (32005 + 1000 wraps down by 10000)
     assert ("LG402", "vllm.group_port") in _codes(22005, 32005)
+
+
+def test_each_port_has_one_default_on_both_sides() -> None:
+    # the spec, the trainer config and the trainer's backend and client all take launchgen.ports' defaults: a trainer
+    # run with the config launchgen writes, or by hand without one, binds the same rendezvous port
+    import inspect
+
+    from launchgen.trainers.config import VLLMServerSection
+    from launchgen.trainers.generation.vllm_client import VLLMClient
+    from launchgen.trainers.generation.vllm_server import VLLMServerBackend
+
+    from launchgen.spec import TrainSpec, VLLMSpec
+
+    def default(fn: object, name: str) -> object:
+        return inspect.signature(fn).parameters[name].default  # type: ignore[arg-type]
+
+    fields = VLLMSpec.model_fields
+    assert fields["group_port"].default == VLLMServerSection().group_port == ports.GROUP_DEFAULT
+    assert default(VLLMServerBackend.__init__, "group_port") == ports.GROUP_DEFAULT
+    assert fields["port"].default == VLLMServerSection().port == ports.SERVER_HTTP_DEFAULT
+    assert default(VLLMClient.__init__, "port") == ports.SERVER_HTTP_DEFAULT
+    assert fields["dp_rpc_port"].default == ports.DP_RPC_DEFAULT
+    assert TrainSpec.model_fields["main_process_port"].default == ports.MAIN_PROCESS_DEFAULT

@@ -74,17 +74,18 @@ class AlgorithmOptions(BaseModel):
         return self
 
 
-def ordered_dump(data: dict[str, Any], after: str) -> dict[str, Any]:
-    """`data` (a TrainerConfig dump, mixin fields first) with this module's fields moved to just after `after`,
-    so a resolved config reads trainer, model, data, ... and these next to the other algorithm knobs."""
-    ours = {k: data[k] for k in AlgorithmOptions.model_fields if k in data}
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if k in ours:
-            continue
-        out[k] = v
-        if k == after:
-            out.update(ours)
-    if after not in data:
-        out.update(ours)
-    return out
+#: Where a resolved config and `--help` list this module's fields: next to the other algorithm knobs.
+AFTER_FIELD = "mask_truncated_completions"
+
+
+def ordered_keys(keys: list[str], after: str = AFTER_FIELD) -> list[str]:
+    """`keys` (TrainerConfig's fields, the mixin's first) with this module's fields moved to just after `after`."""
+    ours = [k for k in keys if k in AlgorithmOptions.model_fields]
+    rest = [k for k in keys if k not in AlgorithmOptions.model_fields]
+    i = rest.index(after) + 1 if after in rest else len(rest)
+    return rest[:i] + ours + rest[i:]
+
+
+def ordered_dump(data: dict[str, Any], after: str = AFTER_FIELD) -> dict[str, Any]:
+    """A TrainerConfig dump in `ordered_keys` order, so a resolved config reads trainer, model, data, ..."""
+    return {k: data[k] for k in ordered_keys(list(data), after)}

@@ -29,6 +29,7 @@ MAY_CHANGE: tuple[str, ...] = (
     "save_final_model",
     "logging_steps",
     "report_to",
+    "run_name",
     "resume",
     "max_tokens_per_forward",  # memory only: each micro-batch's gradient is the same
     "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational

@@ -2,7 +2,7 @@
 that do not do what a TRL user expects. Spec-stage checks (they read `train.args` only, no file), so `plan` and
 `render` refuse the same specs; the trainer refuses the errors again at start-up (a hand-written config).
 
-LG607-LG610 (in `launchgen.checks`) cover entropy masking, sequence-level ratios, the entropy bonus and the
+LG607-LG610 (in `launchgen/rules/kernels.py`) cover entropy masking, sequence-level ratios, the entropy bonus and the
 off-policy mask with Liger's fused loss; this module adds the loss types and `delta` (LG612, LG613) and the
 rules without Liger.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from launchgen.checks import Ctx, _doc, check, liger_fused_loss
+from launchgen.checks import Ctx, _doc, check
 from launchgen.issues import Issue
+from launchgen.rules.kernels import liger_fused_loss
 from launchgen.trainers.algorithm_options import NEW_LOSS_TYPES, AlgorithmOptions
 
 _A = "train.args"

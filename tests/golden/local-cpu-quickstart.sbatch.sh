@@ -159,7 +159,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_A7491EBE4EE2F4D2'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D0F50F46B99829E3'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -207,24 +207,30 @@ generation:
     host: 127.0.0.1
     port: 8000
     base_url: null
-    group_port: 51216
+    group_port: 29551
     group_host: null
     health_timeout: 240.0
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -269,8 +275,9 @@ save_final_model: true
 logging_steps: 1
 report_to:
 - jsonl
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_A7491EBE4EE2F4D2
+LAUNCHGEN_EOF_D0F50F46B99829E3
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
