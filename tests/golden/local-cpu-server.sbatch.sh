@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_3D340774961F6A56'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_9A010D6498B949C2'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -255,6 +255,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -301,7 +302,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_3D340774961F6A56
+LAUNCHGEN_EOF_9A010D6498B949C2
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
