@@ -275,7 +275,13 @@ class TrainerConfig(_Strict):
         "only activation memory shrinks. null: the whole micro-batch in one pass, as TRL.",
     )
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
-    max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run.")
+    max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run (unless num_train_epochs is set).")
+    num_train_epochs: float | None = Field(
+        default=None, gt=0,
+        description="When set, train this many passes over the data (fractions allowed) instead of max_steps: the "
+        "step count is ceil(epochs x rows / rows per optimizer step), rows being prompts (online trainers) or "
+        "examples (sft), known once the data and the process count are (the trainer prints it).",
+    )
 
     # sft
     max_length: int | None = Field(
@@ -288,9 +294,24 @@ class TrainerConfig(_Strict):
     )
 
     # checkpoints and logs
+    save_strategy: Literal["steps", "epoch", "no"] = Field(
+        default="steps",
+        description="When to checkpoint besides on a signal and at the end (those two always happen: requeue and "
+        "the completion marker rely on them): `steps` every save_steps, `epoch` at each pass over the data, `no` never.",
+    )
     save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
+    eval_data: DataSection | None = Field(
+        default=None,
+        description="Evaluation prompts (same fields as `data`; online trainers): each evaluation generates "
+        "num_generations completions per prompt with the training sampling settings and logs their reward metrics "
+        "under `eval/`.",
+    )
+    eval_strategy: Literal["no", "steps"] = Field(
+        default="no", description="`steps`: evaluate on eval_data every eval_steps optimizer steps and after the last."
+    )
+    eval_steps: int | None = Field(default=None, ge=1, description="Steps between evaluations (default: logging_steps).")
     logging_steps: int = Field(
         default=1, ge=1, description="Log every N optimizer steps (each key averaged over the window, as TRL)."
     )
@@ -343,6 +364,10 @@ class TrainerConfig(_Strict):
             self.steps_per_generation = self.gradient_accumulation_steps
         if self.trainer == "sft" and self.generation.backend != "hf":
             raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        if self.eval_strategy == "steps" and self.eval_data is None:
+            raise ValueError("eval_strategy: steps needs eval_data (the evaluation prompts)")
+        if self.eval_data is not None and self.trainer not in ONLINE_TRAINERS:
+            raise ValueError(f"eval_data: {self.trainer} does not generate; evaluation is for grpo, rloo and online_dpo")
         return self
 
     @classmethod

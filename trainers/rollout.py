@@ -55,6 +55,7 @@ class Rollout:
         self.rewards: list[LoadedReward] = load_rewards(cfg.rewards)
         self.reward_weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self._prompt_cache: dict[int, list[int]] = {}
+        self.rows_per_batch = self.geometry.global_gen // self.geometry.G  # prompts one generation batch draws
 
     def after_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2C5BA8357D876374'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_ECDB486D449ADD89'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -275,17 +275,22 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 4
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 2
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_2C5BA8357D876374
+LAUNCHGEN_EOF_ECDB486D449ADD89
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

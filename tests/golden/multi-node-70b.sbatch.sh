@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_9FC98FAF645A871D'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_24A380D19AA02B9E'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -278,18 +278,23 @@ gradient_accumulation_steps: 4
 max_tokens_per_forward: null
 steps_per_generation: 4
 max_steps: 2000
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 100
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_9FC98FAF645A871D
+LAUNCHGEN_EOF_24A380D19AA02B9E
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

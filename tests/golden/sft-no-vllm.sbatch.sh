@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_DD4491155038710D'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_22DACCDC3AE6BE5D'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -242,18 +242,23 @@ gradient_accumulation_steps: 2
 max_tokens_per_forward: null
 steps_per_generation: 2
 max_steps: 1000
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_DD4491155038710D
+LAUNCHGEN_EOF_22DACCDC3AE6BE5D
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

@@ -189,7 +189,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6510C08BD96306CA'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_374F6517398A2766'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -278,18 +278,23 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 500
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_6510C08BD96306CA
+LAUNCHGEN_EOF_374F6517398A2766
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
