@@ -117,6 +117,14 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "warning"),
     ("LG303", {"train": {"args": {"num_generations": 3}}}, "train.args.num_generations", "num_generations", 1,
      "error"),
+    ("LG350", {"vllm": DELETE, "train": {"args": {"generation": {"max_staleness": 1}}}},
+     "train.args.generation.max_staleness", "max_staleness", 1, "error"),
+    ("LG351", {"train": {"args": {"generation": {"max_staleness": 1, "importance_sampling": {"enabled": False}}}}},
+     "train.args.generation.importance_sampling.enabled", "enabled: false", 1, "error"),
+    ("LG352", {"train": {"trainer": "rloo", "args": {"generation": {"max_staleness": 2}}}}, "train.trainer",
+     "trainer: rloo", 1, "error"),
+    ("LG353", {"train": {"args": {"generation": {"in_flight_at_push": "pause"}}}},
+     "train.args.generation.in_flight_at_push", "in_flight_at_push", 1, "warning"),
     ("LG401", {"vllm": {"port": 80}}, "vllm.port", "port: 80", 1, "error"),
     ("LG402", {"vllm": {"port": 29500}}, "vllm.port", "port: 29500", 1, "error"),
     ("LG403", {"vllm": {"port": 40000}}, "vllm.port", "port: 40000", 1, "warning"),
@@ -183,6 +191,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
+    ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
 ]
 
 
@@ -331,3 +343,11 @@ def test_port_offset_constant_matches_plan() -> None:
     from launchgen.plan import MAX_PORT_OFFSET
 
     assert checks.PORT_OFFSET_MAX == MAX_PORT_OFFSET
+
+
+def test_max_staleness_with_a_server_and_grpo_is_clean(model_dir: Path) -> None:
+    spec = base(model_dir)
+    spec["train"].setdefault("args", {})["generation"] = {"max_staleness": 2, "in_flight_at_push": "pause"}
+    loaded = load_spec_text(render(spec), "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert issues == [] and plan is not None

@@ -164,6 +164,12 @@ class VLLMColocateSection(_Strict):
     max_model_len: int | None = Field(default=None, ge=1, description="Context length of the engine.")
     enable_sleep_mode: bool = Field(default=False, description="Sleep (level 2) between generations.")
     max_num_batched_tokens: int = Field(default=4096, ge=1, description="vLLM scheduler token budget.")
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1,
+        description="KV cache size in bytes (vLLM's `kv_cache_memory_bytes`); on CPU vLLM's default takes 90 % "
+        "of the RAM, on GPU it replaces gpu_memory_utilization's share for the cache.",
+    )
+    enforce_eager: bool = Field(default=False, description="No CUDA graphs / torch.compile in the engine.")
 
 
 class ImportanceSamplingSection(_Strict):
@@ -211,6 +217,48 @@ class GenerationSection(_Strict):
     vllm_server: VLLMServerSection = Field(default_factory=VLLMServerSection)
     vllm_colocate: VLLMColocateSection = Field(default_factory=VLLMColocateSection)
     importance_sampling: ImportanceSamplingSection = Field(default_factory=ImportanceSamplingSection)
+    max_staleness: int = Field(
+        default=0, ge=0,
+        description="Bounded staleness: with k >= 1 the next generation batches are generated (on the server) while "
+        "the current one trains, from weights at most k optimizer steps old; the importance-sampling correction "
+        "covers the difference. 0: generate, then train (synchronous). vllm_server backend and grpo only.",
+    )
+    in_flight_at_push: Literal["finish", "pause"] = Field(
+        default="finish",
+        description="With max_staleness >= 1, what a weight push does with generation still in flight: `finish` "
+        "waits for it, `pause` freezes it in place (`/pause?mode=keep` ... `/resume`) and lets it continue with the "
+        "new weights. See benchmarks/RESULTS.md for what each costs.",
+    )
+
+
+def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> list[tuple[str, str, str]]:
+    """Why `generation.max_staleness >= 1` cannot be honoured, as (reason, field, message); [] when it can.
+
+    The one owner of these rules: the trainer config refuses the first, `launchgen check` reports each
+    (launchgen.preflight.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
+    `trainer` (its loss has no sampler/trainer correction), `correction` (the correction is switched off).
+    """
+    from launchgen.trainers.generation.backends import BACKENDS
+
+    out = []
+    caps = BACKENDS[backend].capabilities if backend in BACKENDS else None
+    if caps is None or not caps.generates_ahead:
+        out.append(("backend", "generation.backend",
+                    f"generation.max_staleness needs the vllm_server backend (a server that generates while the "
+                    f"trainer trains); {backend} generates with the trainer's own weights or GPUs"))
+    if trainer not in STALENESS_TRAINERS:
+        out.append(("trainer", "trainer",
+                    f"generation.max_staleness needs an importance-sampling correction of stale samples, which "
+                    f"{trainer} does not have (only {', '.join(sorted(STALENESS_TRAINERS))})"))
+    elif not correction_enabled:
+        out.append(("correction", "generation.importance_sampling.enabled",
+                    "generation.max_staleness generates from older weights than it trains: the importance-sampling "
+                    "correction must stay enabled"))
+    return out
+
+
+#: Trainers whose loss corrects for samples drawn from other weights (GRPO's importance sampling).
+STALENESS_TRAINERS: frozenset[str] = frozenset({"grpo"})
 
 
 class TrainerConfig(_Strict):
@@ -368,6 +416,11 @@ class TrainerConfig(_Strict):
             raise ValueError("eval_strategy: steps needs eval_data (the evaluation prompts)")
         if self.eval_data is not None and self.trainer not in ONLINE_TRAINERS:
             raise ValueError(f"eval_data: {self.trainer} does not generate; evaluation is for grpo, rloo and online_dpo")
+        g = self.generation
+        if g.max_staleness:
+            refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)
+            if refusals:
+                raise ValueError(refusals[0][2])
         return self
 
     @classmethod

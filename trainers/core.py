@@ -336,7 +336,8 @@ class Trainer:
     def _sync_weights(self) -> float:
         assert self.backend is not None
         t = time.perf_counter()
-        self.backend.sync_weights(iter_full_named_params(self.model, self.accelerator))
+        with self.source.weight_push(self.global_step):  # generation ahead: finished or paused around the push
+            self.backend.sync_weights(iter_full_named_params(self.model, self.accelerator))
         return time.perf_counter() - t
 
     def save_final(self) -> None:
@@ -349,6 +350,9 @@ class Trainer:
         acc.wait_for_everyone()
 
     def close(self) -> None:
+        source: BatchSource | None = getattr(self, "source", None)
+        if source is not None:
+            source.close()
         if self.backend is not None:
             self.backend.close()
 

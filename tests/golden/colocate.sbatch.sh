@@ -174,7 +174,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_96C453DF13D1F0A6'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D61734EF9659D697'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -233,12 +233,16 @@ generation:
     max_model_len: 2048
     enable_sleep_mode: true
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -279,7 +283,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_96C453DF13D1F0A6
+LAUNCHGEN_EOF_D61734EF9659D697
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

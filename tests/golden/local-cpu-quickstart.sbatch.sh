@@ -159,7 +159,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CFDE2D0335641CC5'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_515DA4B7508943C1'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -221,12 +221,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -266,7 +270,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_CFDE2D0335641CC5
+LAUNCHGEN_EOF_515DA4B7508943C1
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_ECDB486D449ADD89'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4330353339AC5E39'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -245,12 +245,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -290,7 +294,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_ECDB486D449ADD89
+LAUNCHGEN_EOF_4330353339AC5E39
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_24A380D19AA02B9E'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D577B059A5C5748E'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -248,12 +248,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -294,7 +298,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_24A380D19AA02B9E
+LAUNCHGEN_EOF_D577B059A5C5748E
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

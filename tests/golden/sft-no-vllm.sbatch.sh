@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_22DACCDC3AE6BE5D'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_20039A1CCDC28346'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -212,12 +212,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -258,7 +262,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_22DACCDC3AE6BE5D
+LAUNCHGEN_EOF_20039A1CCDC28346
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

@@ -178,7 +178,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_374F6517398A2766'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_37DB4EFED0CBBC29'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -237,12 +237,16 @@ generation:
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -283,7 +287,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_374F6517398A2766
+LAUNCHGEN_EOF_37DB4EFED0CBBC29
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

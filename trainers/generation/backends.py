@@ -10,7 +10,7 @@ Backend modules are imported only when selected, so vLLM stays optional.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.errors import TrainerSetupError
@@ -31,6 +31,9 @@ class Capabilities:
     returns_logprobs: bool
     #: Needs the full weights after every optimizer step (and after a resume).
     needs_weight_sync: bool
+    #: Can generate on a thread while the trainer trains (`generation.max_staleness`): a separate engine on its
+    #: own devices, with rank 0's requests free of collectives (`request_all` / `share`, see `async_rollout`).
+    generates_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,13 @@ def _vllm_colocate(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: 
 
 
 _SEPARATE_ENGINE = Capabilities(shares_policy_weights=False, returns_logprobs=True, needs_weight_sync=True)
+#: The colocated engine shares the trainer's GPUs and process, so it cannot generate while the trainer trains.
 
 BACKENDS: dict[str, BackendSpec] = {
     spec.name: spec
     for spec in (
         BackendSpec("hf", Capabilities(shares_policy_weights=True, returns_logprobs=True, needs_weight_sync=False), _hf),
-        BackendSpec("vllm_server", _SEPARATE_ENGINE, _vllm_server),
+        BackendSpec("vllm_server", replace(_SEPARATE_ENGINE, generates_ahead=True), _vllm_server),
         BackendSpec("vllm_colocate", _SEPARATE_ENGINE, _vllm_colocate),
     )
 }
