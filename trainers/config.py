@@ -106,12 +106,26 @@ class DataSection(_Strict):
 
 
 class RewardSpec(_Strict):
-    name: str = Field(
+    name: str | None = Field(
+        default=None,
         description="Built-in (`accuracy`, `format`, `length`) or `package.module:function` with TRL's call "
-        "convention f(prompts, completions, **columns) -> list[float | None]."
+        "convention f(prompts, completions, **columns) -> list[float | None]; with `model`, the metric name "
+        "(default: the model folder's name).",
     )
+    model: str | None = Field(
+        default=None,
+        description="A sequence-classification reward model (local folder or Hub id, one output): scores prompt + "
+        "completion (its chat template for conversational data), batched, on the trainer's device, bf16 on GPU.",
+    )
+    batch_size: int = Field(default=32, ge=1, description="With `model`: completions per forward pass.")
     weight: float = Field(default=1.0, description="Weight in the weighted sum of rewards.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        if self.name is None and self.model is None:
+            raise ValueError("a reward needs `name` (a function) or `model` (a reward model)")
+        return self
 
 
 class ReplicaAddress(_Strict):

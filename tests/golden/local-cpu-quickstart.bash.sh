@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_515DA4B7508943C1'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_AE22B032FBD338AB'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -178,9 +178,13 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 - name: length
+  model: null
+  batch_size: 32
   weight: 0.1
   kwargs: {}
 generation:
@@ -261,7 +265,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_515DA4B7508943C1
+LAUNCHGEN_EOF_AE22B032FBD338AB
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

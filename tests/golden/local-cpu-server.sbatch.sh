@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4330353339AC5E39'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7F8DA583B3AF54AE'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -211,9 +211,13 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 - name: length
+  model: null
+  batch_size: 32
   weight: 0.1
   kwargs: {}
 generation:
@@ -294,7 +298,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_4330353339AC5E39
+LAUNCHGEN_EOF_7F8DA583B3AF54AE
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
