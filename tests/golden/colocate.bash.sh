@@ -164,7 +164,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B94324BAD36CB5C3'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_698FE18558850E87'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -235,6 +235,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -275,7 +276,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_B94324BAD36CB5C3
+LAUNCHGEN_EOF_698FE18558850E87
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

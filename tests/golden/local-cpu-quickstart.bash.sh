@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_AE22B032FBD338AB'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_C4AC80B074C41F26'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -226,6 +226,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -265,7 +266,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_AE22B032FBD338AB
+LAUNCHGEN_EOF_C4AC80B074C41F26
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

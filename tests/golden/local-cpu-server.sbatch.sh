@@ -183,7 +183,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_4CD197DA8DA8D5A1
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7F8DA583B3AF54AE'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_032AEDF5C31A4147'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -259,6 +259,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -298,7 +299,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_7F8DA583B3AF54AE
+LAUNCHGEN_EOF_032AEDF5C31A4147
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -189,7 +189,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_740D7A1F2450671E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_34B26CE977D24AC7'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_05325B2B230A26A7'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -260,6 +260,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -300,7 +301,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_34B26CE977D24AC7
+LAUNCHGEN_EOF_05325B2B230A26A7
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -153,7 +153,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_F61729EFC7CE2591
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_938FEEF2DFFE00CF'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2C9CF97886913DE1'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -224,6 +224,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -264,7 +265,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_938FEEF2DFFE00CF
+LAUNCHGEN_EOF_2C9CF97886913DE1
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

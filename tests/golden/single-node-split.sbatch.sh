@@ -189,7 +189,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_0EC0285C3FB459BB'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_F139E6033849A507'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -260,6 +260,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -300,7 +301,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_0EC0285C3FB459BB
+LAUNCHGEN_EOF_F139E6033849A507
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
