@@ -174,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on")
+    p.add_argument("--lora-dropout", type=float, default=LORA["lora_dropout"],
+                   help="lora_dropout of both trainers' peft config (0 makes PEFT skip the dropout copy of x)")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench-lora"))
     p.add_argument("--workdir", default=None)
     a = p.parse_args(argv)
+    LORA["lora_dropout"] = a.lora_dropout
 
     import torch
 
