@@ -190,7 +190,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_DBE782DDB7EF7A83
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_62C85985B4E0D1F5'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_232DC61168909B8A'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -271,6 +271,18 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
+importance_sampling_level: token
+delta: null
+top_entropy_quantile: 1.0
+entropy_coef: 0.0
+off_policy_mask_threshold: null
+sapo_temperature_pos: 1.0
+sapo_temperature_neg: 1.05
+vespo_k_pos: 2.0
+vespo_lambda_pos: 3.0
+vespo_k_neg: 3.0
+vespo_lambda_neg: 2.0
+multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -295,7 +307,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_62C85985B4E0D1F5
+LAUNCHGEN_EOF_232DC61168909B8A
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

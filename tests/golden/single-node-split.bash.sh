@@ -179,7 +179,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_91CD22FD3DB97E7A
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8AB037ADE640CEF5'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2A5A54577905FF78'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -260,6 +260,18 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
+importance_sampling_level: token
+delta: null
+top_entropy_quantile: 1.0
+entropy_coef: 0.0
+off_policy_mask_threshold: null
+sapo_temperature_pos: 1.0
+sapo_temperature_neg: 1.05
+vespo_k_pos: 2.0
+vespo_lambda_pos: 3.0
+vespo_k_neg: 3.0
+vespo_lambda_neg: 2.0
+multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -284,7 +296,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_8AB037ADE640CEF5
+LAUNCHGEN_EOF_2A5A54577905FF78
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

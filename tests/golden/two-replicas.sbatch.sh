@@ -186,7 +186,7 @@ train:
     max_steps: 500
 LAUNCHGEN_EOF_B96C2A0CFBD95FB7
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_C9EE540C40643DFC'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_40E654B9C3E84588'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: runs/%j/trainer
@@ -273,6 +273,18 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
+importance_sampling_level: token
+delta: null
+top_entropy_quantile: 1.0
+entropy_coef: 0.0
+off_policy_mask_threshold: null
+sapo_temperature_pos: 1.0
+sapo_temperature_neg: 1.05
+vespo_k_pos: 2.0
+vespo_lambda_pos: 3.0
+vespo_k_neg: 3.0
+vespo_lambda_neg: 2.0
+multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -297,7 +309,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_C9EE540C40643DFC
+LAUNCHGEN_EOF_40E654B9C3E84588
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
