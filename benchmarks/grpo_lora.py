@@ -11,6 +11,8 @@ Shapes, tokenizer, prompts, reward, the fixed completions of the training-phase-
   * `launchgen-lora`: the same with `peft: {r: 16, lora_alpha: 32, lora_dropout: 0.05, target_modules: all-linear}`
     (frozen bf16 base, fp32 adapters);
   * `trl-lora`: TRL 1.16's GRPOTrainer on the same bf16 model with `peft_config=LoraConfig(same fields)`.
+    grpo_vs_trl's GRPOConfig has `disable_dropout=True`, which TRL applies after the PEFT wrap: its LoRA dropout
+    is then 0 whatever `--lora-dropout` says, so `--lora-dropout 0` is the like-for-like comparison.
 
 Modes: `train` (every trainer gets the same fixed completions: scoring, log-probs, backward and the optimizer
 step on identical tokens) and `full` (generate -> score -> train; with LoRA both trainers generate with
