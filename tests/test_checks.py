@@ -123,6 +123,8 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "train.backend", "backend:", 1, "info"),
     ("LG302", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
                "train": {"backend": "deepspeed_zero3"}}, "train.backend", "backend:", 1, "warning"),
+    ("LG360", {"train": {"args": {"num_train_epochs": 2, "max_steps": 50}}}, "train.args.max_steps", "max_steps", 1,
+     "warning"),
     ("LG303", {"train": {"args": {"num_generations": 3}}}, "train.args.num_generations", "num_generations", 1,
      "error"),
     ("LG350", {"vllm": DELETE, "train": {"args": {"generation": {"max_staleness": 1}}}},

@@ -165,7 +165,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_32B47C980700C9EE
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_79AAE4A5B94762C0'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6F9704ED97C34DE5'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -193,6 +193,8 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 generation:
@@ -271,18 +273,23 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 300
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_79AAE4A5B94762C0
+LAUNCHGEN_EOF_6F9704ED97C34DE5
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -190,7 +190,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_DBE782DDB7EF7A83
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_232DC61168909B8A'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_ECD982C37C020FDF'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -218,6 +218,8 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 generation:
@@ -296,18 +298,23 @@ gradient_accumulation_steps: 4
 max_tokens_per_forward: null
 steps_per_generation: 4
 max_steps: 2000
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 100
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_232DC61168909B8A
+LAUNCHGEN_EOF_ECD982C37C020FDF
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -179,7 +179,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_91CD22FD3DB97E7A
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2A5A54577905FF78'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_24715A0FD69411A1'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -207,6 +207,8 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 generation:
@@ -285,18 +287,23 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 500
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_2A5A54577905FF78
+LAUNCHGEN_EOF_24715A0FD69411A1
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

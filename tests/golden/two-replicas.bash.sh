@@ -176,7 +176,7 @@ train:
     max_steps: 500
 LAUNCHGEN_EOF_B96C2A0CFBD95FB7
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_40E654B9C3E84588'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8D2F303903163CE6'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: runs/%j/trainer
@@ -204,6 +204,8 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 generation:
@@ -288,18 +290,23 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 500
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_40E654B9C3E84588
+LAUNCHGEN_EOF_8D2F303903163CE6
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
