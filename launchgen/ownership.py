@@ -29,6 +29,8 @@ OWNED_COLOCATE = {
     "gpu_memory_utilization": "vllm.gpu_memory_utilization",
     "max_model_len": "vllm.max_model_len",
     "enable_sleep_mode": "vllm.enable_sleep_mode",
+    "kv_cache_memory_bytes": "vllm.kv_cache_memory_bytes",
+    "enforce_eager": "vllm.enforce_eager",
 }
 
 

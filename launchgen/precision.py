@@ -18,6 +18,12 @@ PRECISION_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16", "fp32"
 MIXED_PRECISION: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
+def engine_dtype(model_dtype: str, precision: str) -> str:
+    """The dtype a vLLM engine (server `--dtype`, colocate `LLM(dtype=...)`) runs: model.dtype, or the
+    precision's for `auto`. Never vLLM's own `auto`, which downcasts a float32 checkpoint to half precision."""
+    return PRECISION_DTYPE[precision] if model_dtype == "auto" else model_dtype
+
+
 def resolve_precision(spec: Spec) -> str:
     """train.precision reconciled with the TRL-style bf16/fp16 aliases (an alias wins where they disagree:
     such a spec is refused by LG605/LG606 before anything uses the value)."""
@@ -39,3 +45,8 @@ def precision_conflict(spec: Spec) -> bool:
     explicit = "precision" in t.model_fields_set
     return any(explicit and ((val and t.precision != alias) or (val is False and t.precision == alias))
                for alias, val in (("bf16", t.bf16), ("fp16", t.fp16)))
+
+
+def server_dtype(spec: Spec) -> str:
+    """The vLLM server's `--dtype`: `model.dtype`, or the training precision's dtype where it is `auto`."""
+    return engine_dtype(spec.model.dtype, resolve_precision(spec))

@@ -297,7 +297,9 @@ class VLLMSpec(_Section):
         "(TRL default 0.3 when unset in colocate mode).",
     )
     enable_prefix_caching: bool | None = Field(default=None, description="`--enable-prefix-caching` / `--no-...`.")
-    enforce_eager: bool = Field(default=False, description="`--enforce-eager`.")
+    enforce_eager: bool = Field(
+        default=False, description="`--enforce-eager`; colocate: the in-process engine's `enforce_eager`."
+    )
     enable_sleep_mode: bool = Field(default=False, description="Colocate: sleep (level 2) between generations.")
     health_timeout: int = Field(
         default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
@@ -316,7 +318,8 @@ class VLLMSpec(_Section):
     )
     kv_cache_memory_bytes: int | None = Field(
         default=None, ge=1,
-        description="`--kv-cache-memory-bytes`. On CPU, vLLM's default takes 90 % of the node's RAM.",
+        description="`--kv-cache-memory-bytes` (colocate: the in-process engine's `kv_cache_memory_bytes`). On "
+        "CPU, vLLM's default takes 90 % of the node's RAM.",
     )
     weight_transfer_backend: Literal["nccl", "gloo"] | None = Field(
         default=None,

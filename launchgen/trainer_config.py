@@ -63,6 +63,11 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
                 "max_model_len": v.max_model_len,
                 "enable_sleep_mode": v.enable_sleep_mode,
             })
+            # only when set, so a spec that leaves them alone gets the engine's own defaults
+            if v.kv_cache_memory_bytes is not None:
+                col["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
+            if v.enforce_eager:
+                col["enforce_eager"] = True
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as exc:

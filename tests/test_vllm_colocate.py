@@ -67,7 +67,8 @@ class _FakeLLM:
         self.llm_engine = type("E", (), {})()
         runner = type("R", (), {"model": self.model})()
         worker = type("W", (), {"model_runner": runner})()
-        self.llm_engine.model_executor = type("X", (), {"driver_worker": worker})()
+        wrapper = type("WorkerWrapperBase", (), {"worker": worker})()  # vLLM V1's driver_worker
+        self.llm_engine.model_executor = type("X", (), {"driver_worker": wrapper})()
         self.prompts: list[list[int]] = []
         self.sampling: Any = None
 
@@ -120,6 +121,48 @@ def test_sync_weights_loads_through_the_driver_worker_and_resets_cache() -> None
     assert llm.log == ["load:a", "load:b", "reset"]
     out = backend.generate([[2]], SamplingParams(max_tokens=2, logprobs=False))
     assert out.logprobs is None and out.finished == [False]
+
+
+def test_sync_weights_uses_vllms_in_place_reload_where_the_worker_has_one() -> None:
+    """vLLM >= 0.2x: Worker.reload_weights(weights_iterator=...) (layerwise: re-processes repacked layers)."""
+    llm = _FakeLLM()
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    received: list[tuple[list[tuple[str, int]], bool]] = []
+
+    class Runner:
+        model = llm.model
+
+        def reload_weights(self, weights_iterator: Any = None, weights_path: Any = None,
+                           is_checkpoint_format: bool = True) -> None:
+            raise AssertionError("the worker's method (it sets the current vllm config) must be called")
+
+    def reload_weights(weights_iterator: Any = None, is_checkpoint_format: bool = True) -> None:
+        received.append((list(weights_iterator), is_checkpoint_format))
+        llm.log.append("reload")
+
+    worker.model_runner = Runner()
+    worker.reload_weights = reload_weights
+    backend = VLLMColocateBackend(llm, _acc(0, 1), sampling_params_cls=_SP)
+    backend.sync_weights(iter([("a", 1), ("b", 2)]))
+    assert received == [([("a", 1), ("b", 2)], True)]
+    assert llm.log == ["reload", "reset"]  # no load_weights of its own
+
+
+def test_sync_weights_never_calls_a_reload_that_would_read_the_disk() -> None:
+    llm = _FakeLLM()
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+
+    class OldRunner:
+        model = llm.model
+
+        def reload_weights(self) -> None:  # older vLLM: reloads the checkpoint from disk (TRL #5312)
+            raise AssertionError("reload from disk")
+
+    worker.model_runner = OldRunner()
+    worker.reload_weights = lambda *a, **k: OldRunner().reload_weights()
+    backend = VLLMColocateBackend(llm, _acc(0, 1), sampling_params_cls=_SP)
+    backend.sync_weights(iter([("a", 1)]))
+    assert llm.log == ["load:a", "reset"]
 
 
 def test_sleep_mode_wakes_weights_first_repushes_then_kv_cache() -> None:

@@ -36,10 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from launchgen.trainers.generation.protocol import GenerationOutput, SamplingParams
+from launchgen.trainers.generation.rank_zero import Payload
 from launchgen.trainers.generation.vllm_client import CompletionsResult
-
-#: Rank 0's outcome of one request: the result, or the text of the error every rank raises when it is shared.
-Payload = tuple[CompletionsResult | None, str | None]
 
 
 class AheadBackend(Protocol):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from launchgen import ports
@@ -28,7 +29,7 @@ DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
-ReportTarget = Literal["jsonl", "tensorboard"]
+ReportTarget = Literal["jsonl", "tensorboard", "wandb"]
 _DEFAULT_REPORT_TO: tuple[ReportTarget, ...] = ("jsonl", "tensorboard")
 
 #: Built-in attention implementations transformers accepts by name.
@@ -114,6 +115,14 @@ class RewardSpec(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
 
 
+class ReplicaAddress(_Strict):
+    """One `vllm serve` replica: its HTTP endpoint and the port trainer rank 0 hosts its weight-transfer group on."""
+
+    host: str = Field(description="Address of this replica's `vllm serve`.")
+    port: int = Field(ge=1, le=65535, description="HTTP port of this replica.")
+    group_port: int = Field(ge=1, le=65535, description="Weight-transfer rendezvous port for this replica's group.")
+
+
 class VLLMServerSection(_Strict):
     host: str = Field(default="127.0.0.1", description="Address of the `vllm serve` process.")
     port: int = Field(default=ports.SERVER_HTTP_DEFAULT, ge=1, le=65535, description="HTTP port of the server.")
@@ -130,6 +139,24 @@ class VLLMServerSection(_Strict):
     request_timeout: float = Field(default=600.0, gt=0, description="Seconds for one generation request.")
     weight_sync_timeout: float = Field(default=1800.0, gt=0, description="Seconds for one weight update.")
     control_timeout: float = Field(default=300.0, gt=0, description="Seconds for control calls (start/finish/reset).")
+    replicas: list[ReplicaAddress] = Field(
+        default_factory=list,
+        description="Several independent servers (launchgen's `vllm.replicas`): prompt groups are spread over them and "
+        "every weight update goes to all of them. Empty: the one server at host/port/group_port.",
+    )
+    replica_failover: bool = Field(
+        default=False,
+        description="With several replicas: a replica that fails is set aside (generation continues on the others) "
+        "and taken back, with the current weights pushed first, once it is healthy again at a weight sync "
+        "(launchgen's `vllm.restart_replicas`). Off: a failed replica fails the run.",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_replicas(self) -> VLLMServerSection:
+        ports = [r.group_port for r in self.replicas]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"replicas: every replica needs its own group_port (got {ports})")
+        return self
 
 
 class VLLMColocateSection(_Strict):
@@ -138,6 +165,12 @@ class VLLMColocateSection(_Strict):
     max_model_len: int | None = Field(default=None, ge=1, description="Context length of the engine.")
     enable_sleep_mode: bool = Field(default=False, description="Sleep (level 2) between generations.")
     max_num_batched_tokens: int = Field(default=4096, ge=1, description="vLLM scheduler token budget.")
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, ge=1,
+        description="KV cache size in bytes (vLLM's `kv_cache_memory_bytes`); on CPU vLLM's default takes 90 % "
+        "of the RAM, on GPU it replaces gpu_memory_utilization's share for the cache.",
+    )
+    enforce_eager: bool = Field(default=False, description="No CUDA graphs / torch.compile in the engine.")
 
 
 class ImportanceSamplingSection(_Strict):
@@ -177,10 +210,10 @@ class GenerationSection(_Strict):
     temperature: float = Field(
         default=1.0, gt=0, description="Sampling temperature; online_dpo uses 0.9 (TRL's OnlineDPOConfig) when unset."
     )
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens of this total probability.")
     top_k: int = Field(default=0, ge=0, description="0 disables top-k.")
-    min_p: float = Field(default=0.0, ge=0, le=1)
-    repetition_penalty: float = Field(default=1.0, gt=0)
+    min_p: float = Field(default=0.0, ge=0, le=1, description="Drop tokens below this fraction of the most likely token's probability.")
+    repetition_penalty: float = Field(default=1.0, gt=0, description=">1 discourages tokens already in the prompt or completion.")
     generation_kwargs: dict[str, Any] = Field(default_factory=dict, description="Merged into the vLLM request last.")
     vllm_server: VLLMServerSection = Field(default_factory=VLLMServerSection)
     vllm_colocate: VLLMColocateSection = Field(default_factory=VLLMColocateSection)
@@ -232,12 +265,23 @@ STALENESS_TRAINERS: frozenset[str] = frozenset({"grpo"})
 class TrainerConfig(_Strict):
     trainer: TrainerName = Field(description="Bundled trainer: grpo, rloo, online_dpo or sft.")
     output_dir: str = Field(description="Checkpoints, metrics.jsonl and the final model go here.")
-    seed: int = Field(default=42)
+    seed: int = Field(
+        default=42,
+        description="Random seed (torch's is offset by the process index; the prompt order is the same on every process).",
+    )
     precision: Precision = Field(default="bf16", description="bf16 (Ampere+), fp16 with loss scaling, or fp32.")
     model: ModelSection
     data: DataSection
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="accuracy")])
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="accuracy")],
+        description="Reward functions, summed with their weights (online trainers).",
+    )
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    peft: PeftSection | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of the full model (see launchgen.trainers.peft_config); the "
+        "frozen base is loaded in the compute dtype when model.dtype is auto.",
+    )
 
     # algorithm (TRL names)
     num_generations: int | None = Field(
@@ -264,18 +308,20 @@ class TrainerConfig(_Strict):
     learning_rate: float = Field(
         default=1e-6, gt=0, description="AdamW learning rate; when unset: sft 2e-5, online_dpo 5e-7 (TRL's defaults)."
     )
-    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(default="linear")
-    warmup_steps: int = Field(default=0, ge=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
-    adam_beta2: float = Field(default=0.999, gt=0, lt=1)
-    adam_epsilon: float = Field(default=1e-8, gt=0)
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
+        default="linear", description="Learning-rate schedule over max_steps (after warmup_steps)."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear warm-up from 0.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.999, gt=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
     per_device_train_batch_size: int = Field(
         default=8, ge=1,
         description="Completions per device per micro-batch (online_dpo: even, 2 per prompt; sft: sequences).",
     )
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
     max_tokens_per_forward: int | None = Field(
         default=None, ge=1,
         description="Split each micro-batch into forward/backward passes of at most this many tokens (rows x padded "
@@ -299,8 +345,16 @@ class TrainerConfig(_Strict):
     save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
-    logging_steps: int = Field(default=1, ge=1)
-    report_to: list[ReportTarget] = Field(default_factory=lambda: list(_DEFAULT_REPORT_TO))
+    logging_steps: int = Field(
+        default=1, ge=1, description="Log every N optimizer steps (each key averaged over the window, as TRL)."
+    )
+    report_to: list[ReportTarget] = Field(
+        default_factory=lambda: list(_DEFAULT_REPORT_TO),
+        description="Where metrics go besides the trainer log's plain line per logging step: `jsonl` "
+        "(output_dir/metrics.jsonl; always written), `tensorboard` (output_dir/runs; warns once when not installed), "
+        "`wandb` (the launchgen[wandb] extra; WANDB_MODE=offline writes output_dir/wandb without network).",
+    )
+    run_name: str | None = Field(default=None, description="Name of the wandb run (default: wandb's own).")
     resume: Literal["auto", "never", "force"] = Field(
         default="auto",
         description="auto: resume from the newest checkpoint in output_dir when it was trained with this config "
@@ -348,6 +402,11 @@ class TrainerConfig(_Strict):
             refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)
             if refusals:
                 raise ValueError(refusals[0][2])
+        if self.peft is not None:
+            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile,
+                                        hf_engine=self.generation.hf_engine)
+            if errors:
+                raise ValueError(f"peft: {errors[0][1]}")
         return self
 
     @classmethod

@@ -35,7 +35,7 @@ from launchgen.trainers.rewards import LoadedReward, load_rewards, score
 
 #: Prompts are left-padded (kept whole); completions right-padded, so a pass keeps only its longest row's columns.
 RL_LAYOUT = RowLayout(
-    ids_key="completion_ids", mask_key="completion_mask", fixed_key="prompt_ids",
+    ids_key="completion_ids", mask_key="completion_mask", fixed_key="prompt_ids", fixed_mask_key="prompt_mask",
     trim_keys=("completion_ids", "completion_mask", "old_logps", "ref_logps", "is_ratio"),
 )
 

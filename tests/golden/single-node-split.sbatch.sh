@@ -189,7 +189,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_756B2BB87CFBB26E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B1BDBFE9038EE2BB'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8AB037ADE640CEF5'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -240,12 +240,16 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    replicas: []
+    replica_failover: false
   vllm_colocate:
     tensor_parallel_size: 1
     gpu_memory_utilization: 0.3
     max_model_len: null
     enable_sleep_mode: false
     max_num_batched_tokens: 4096
+    kv_cache_memory_bytes: null
+    enforce_eager: false
   importance_sampling:
     enabled: true
     mode: sequence_mask
@@ -254,6 +258,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -287,8 +292,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_B1BDBFE9038EE2BB
+LAUNCHGEN_EOF_8AB037ADE640CEF5
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

@@ -203,7 +203,7 @@ def test_vllm_like_backend_gets_weights_after_every_step(
     cfg = _cfg(tmp_path, tiny_model_dir, "fake", max_steps=2, per_device_train_batch_size=8,
                generation={"backend": "vllm_server", "max_completion_length": 6})
     assert _run(cfg) == 0
-    assert len(synced) == 2 and synced[0] > 0
+    assert len(synced) == 3 and synced[0] > 0  # before the first generation, then after each step
     assert temps == [0.9, 0.9]  # OnlineDPOConfig's default temperature (the field was left unset)
     assert "sampling/importance_sampling_ratio/mean" not in _metrics(tmp_path / "fake")[0]  # GRPO-only correction
 

@@ -166,12 +166,14 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
 
     monkeypatch.syspath_prepend(str(HERE))
     synced: list[dict[str, torch.Tensor]] = []
+    calls: list[str] = []
 
     class FakeServer:
         def __init__(self, inner: HFGenerateBackend) -> None:
             self.inner = inner
 
         def generate(self, prompt_ids, params):
+            calls.append("generate")
             out = self.inner.generate(prompt_ids, params)
             assert out.logprobs is not None
             # a sampler that disagrees slightly with the trainer, and one position it could not score
@@ -180,6 +182,7 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
             return out
 
         def sync_weights(self, named_params):
+            calls.append("sync")
             synced.append({n: t.clone() for n, t in named_params})
 
         def close(self) -> None:
@@ -203,8 +206,14 @@ def test_vllm_like_backend_gets_is_correction_and_weight_syncs(
             assert key in m, key
         assert m["sampling/sampling_logp_difference/max"] == pytest.approx(0.01, abs=2e-3)
         assert m["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-0.01), abs=2e-3)
-    assert len(synced) == 2
+    # A fresh trainer pushes its weights before the first generation too: the engine may hold others.
+    assert calls == ["sync", "generate", "sync", "generate", "sync"]
     from safetensors.torch import load_file
+
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert set(synced[0]) == set(initial)
+    for name, t in synced[0].items():
+        assert torch.equal(t, initial[name]), name
 
     final = load_file(str(tmp_path / "fake" / "checkpoint-2" / "model.safetensors"))
     assert set(synced[-1]) == set(final)  # HF names, as vLLM's load_weights expects
@@ -319,7 +328,7 @@ def test_dapo_micro_batch_losses_sum_to_the_whole_batch_loss(
 def test_logging_window_average_and_metrics_truncated_on_resume(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launchgen.trainers.core import _truncate_metrics
+    from launchgen.trainers.reporting import truncate_metrics
 
     monkeypatch.syspath_prepend(str(HERE))
     cfg = _cfg(tmp_path, tiny_model_dir, "log", max_steps=3, per_device_train_batch_size=8, num_generations=4,
@@ -330,7 +339,7 @@ def test_logging_window_average_and_metrics_truncated_on_resume(
     path = tmp_path / "log" / "metrics.jsonl"
     with path.open("a") as f:
         f.write('{"step": 4, "loss": 1.0}\n{"step": 5, "lo')  # steps after a checkpoint, the last one torn
-    _truncate_metrics(path, 3)
+    truncate_metrics(path, 3)
     assert [m["step"] for m in _metrics(tmp_path / "log")] == [2, 3]
 
 

