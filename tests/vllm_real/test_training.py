@@ -118,5 +118,5 @@ def test_grpo_generates_ahead_with_max_staleness_1(
     # one step behind: the server's log-probs are no longer the trainer's, and the correction sees it
     assert max(m["sampling/sampling_logp_difference/max"] for m in metrics[1:]) > 1e-4
     client = VLLMClient("127.0.0.1", healthy_shared.port, control_timeout=60, request_timeout=120)
-    assert client.weight_version() == "4"
+    assert client.weight_version() == "5"  # the push before the first generation, then one per step
     assert client._json(client._request("GET", "/is_paused", timeout=30), "/is_paused")["is_paused"] is False
