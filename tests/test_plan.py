@@ -250,20 +250,12 @@ def test_precision_aliases(train: str, expected: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- LG9xx
 
+# LG901 (the trainer config's own validation) is the one user error build_plan still raises
+
 @pytest.mark.parametrize(("sections", "expected"), [
     ({"train": "{args: {data: {path: d}, learning_rate: -1}}"}, ("LG901", "train.args.learning_rate")),
     ({"train": "{args: {data: {path: d}, bogus: 1}}"}, ("LG901", "train.args.bogus")),
     ({"train": "{args: {}}"}, ("LG901", "train.args.data")),
-    ({"slurm": "{partition: 'gpu\\nrm -rf /'}"}, ("LG907", "slurm.partition")),
-    ({"slurm": "{account: 'a b'}"}, ("LG907", "slurm.account")),
-    ({"job": "{output_dir: \"runs/a\\nb\"}"}, ("LG910", "job.output_dir")),
-    ({"vllm": "{device: cpu}"}, ("LG915", "vllm.device")),  # beside a GPU trainer
-    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}", "vllm": "{device: cpu, gpus: [0]}"},
-     ("LG915", "vllm.gpus")),
-    ({"train": "{device: cpu, precision: bf16, args: {data: {path: d}}}", "vllm": "{device: cpu}"},
-     ("LG915", "model.dtype")),
-    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}",
-      "vllm": "{device: cpu, tensor_parallel_size: 2}"}, ("LG915", "vllm.tensor_parallel_size")),
 ])
 def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tuple[str, str]) -> None:
     found = codes_of(spec(**sections))
@@ -300,6 +292,18 @@ def test_unresolvable_specs_raise_lg9xx(sections: dict[str, str], expected: tupl
     ({"slurm": "{env: {all: {LAUNCHGEN_PID_DIR: x}}}"}, ("LG807", "slurm.env.all.LAUNCHGEN_PID_DIR")),
     ({"train": "{bf16: true, fp16: true, args: {data: {path: d}}}"}, ("LG605", "train.fp16")),
     ({"train": "{precision: bf16, fp16: true, args: {data: {path: d}}}"}, ("LG606", "train.fp16")),
+    # moved from the plan into the checks with their codes (LG907, LG910, LG911, LG915)
+    ({"slurm": "{partition: 'gpu\\nrm -rf /'}"}, ("LG907", "slurm.partition")),
+    ({"slurm": "{account: 'a b'}"}, ("LG907", "slurm.account")),
+    ({"job": "{output_dir: \"runs/a\\nb\"}"}, ("LG910", "job.output_dir")),
+    ({"vllm": "{device: cpu}"}, ("LG915", "vllm.device")),  # beside a GPU trainer
+    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}", "vllm": "{device: cpu, gpus: [0]}"},
+     ("LG915", "vllm.gpus")),
+    ({"train": "{device: cpu, precision: bf16, args: {data: {path: d}}}", "vllm": "{device: cpu}"},
+     ("LG915", "model.dtype")),
+    ({"train": "{device: cpu, precision: fp32, args: {data: {path: d}}}",
+      "vllm": "{device: cpu, tensor_parallel_size: 2}"}, ("LG915", "vllm.tensor_parallel_size")),
+    ({"job": "{output_dir: runs/$(whoami)}"}, ("LG911", "job.output_dir")),
 ])
 def test_rules_the_checks_own_are_reported_once_and_asserted_by_the_plan(
         sections: dict[str, str], expected: tuple[str, str]) -> None:

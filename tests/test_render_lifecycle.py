@@ -302,6 +302,25 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
 
 
+@pytest.mark.slow
+def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """examples/quickstart.sh itself: the trainer's plain line per logging step reaches the terminal, once each."""
+    root = Path(__file__).resolve().parent.parent
+    ex = tmp_path / "examples"
+    (ex / "data").mkdir(parents=True)
+    (ex / "tiny-model").symlink_to(tiny_model_dir)
+    for name in ("quickstart.sh", "local-cpu-quickstart.yaml", "data/tiny-math.jsonl"):
+        (ex / name).write_text((root / "examples" / name).read_text())
+    env = env_with_venv()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [line.split()[2] for line in res.stdout.splitlines() if line.startswith("[launchgen] step ")]
+    assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stdout
+    assert "metrics: launchgen-runs/local/trainer/metrics.jsonl" in res.stdout
+
+
 def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
     """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""
     home, scratch = tmp_path / "home", tmp_path / "scratch"
@@ -333,13 +352,15 @@ def test_output_dir_with_an_unset_variable_stops_the_job_naming_it(tmp_path: Pat
 @pytest.mark.parametrize("bad", ["runs/$(whoami)", "runs/${SCRATCH:-/tmp}", "runs/`id`", "~bob/runs", "runs/%a",
                                  "runs/100%"])
 def test_output_dir_syntax_the_script_does_not_expand_is_refused(bad: str) -> None:
-    from launchgen.issues import SpecError
+    from launchgen.checks import run_checks
+    from launchgen.plan import PlanInvariantError
 
     text = _spec(max_steps=1).replace("output_dir: runs/%j", f"output_dir: {json.dumps(bad)}")
-    with pytest.raises(SpecError) as exc:
+    plan, issues = run_checks(load_spec_text(text, "life.yaml"), env={})
+    [issue] = [i for i in issues if i.severity == "error"]
+    assert plan is None and (issue.code, issue.path, issue.line) == ("LG911", "job.output_dir", 4), issue
+    with pytest.raises(PlanInvariantError):  # and no script is ever built from it
         build_plan(load_spec_text(text, "life.yaml"))
-    [issue] = exc.value.issues
-    assert (issue.code, issue.path, issue.line) == ("LG911", "job.output_dir", 4), issue
 
 
 def test_a_crashed_rank_outweighs_another_ranks_clean_stop(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from launchgen import ports
@@ -28,7 +29,7 @@ DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
-ReportTarget = Literal["jsonl", "tensorboard"]
+ReportTarget = Literal["jsonl", "tensorboard", "wandb"]
 _DEFAULT_REPORT_TO: tuple[ReportTarget, ...] = ("jsonl", "tensorboard")
 
 #: Built-in attention implementations transformers accepts by name.
@@ -209,25 +210,78 @@ class GenerationSection(_Strict):
     temperature: float = Field(
         default=1.0, gt=0, description="Sampling temperature; online_dpo uses 0.9 (TRL's OnlineDPOConfig) when unset."
     )
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens of this total probability.")
     top_k: int = Field(default=0, ge=0, description="0 disables top-k.")
-    min_p: float = Field(default=0.0, ge=0, le=1)
-    repetition_penalty: float = Field(default=1.0, gt=0)
+    min_p: float = Field(default=0.0, ge=0, le=1, description="Drop tokens below this fraction of the most likely token's probability.")
+    repetition_penalty: float = Field(default=1.0, gt=0, description=">1 discourages tokens already in the prompt or completion.")
     generation_kwargs: dict[str, Any] = Field(default_factory=dict, description="Merged into the vLLM request last.")
     vllm_server: VLLMServerSection = Field(default_factory=VLLMServerSection)
     vllm_colocate: VLLMColocateSection = Field(default_factory=VLLMColocateSection)
     importance_sampling: ImportanceSamplingSection = Field(default_factory=ImportanceSamplingSection)
+    max_staleness: int = Field(
+        default=0, ge=0,
+        description="Bounded staleness: with k >= 1 the next generation batches are generated (on the server) while "
+        "the current one trains, from weights at most k optimizer steps old; the importance-sampling correction "
+        "covers the difference. 0: generate, then train (synchronous). vllm_server backend and grpo only.",
+    )
+    in_flight_at_push: Literal["finish", "pause"] = Field(
+        default="finish",
+        description="With max_staleness >= 1, what a weight push does with generation still in flight: `finish` "
+        "waits for it, `pause` freezes it in place (`/pause?mode=keep` ... `/resume`) and lets it continue with the "
+        "new weights. See benchmarks/RESULTS.md for what each costs.",
+    )
+
+
+def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> list[tuple[str, str, str]]:
+    """Why `generation.max_staleness >= 1` cannot be honoured, as (reason, field, message); [] when it can.
+
+    The one owner of these rules: the trainer config refuses the first, `launchgen check` reports each
+    (launchgen.preflight.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
+    `trainer` (its loss has no sampler/trainer correction), `correction` (the correction is switched off).
+    """
+    from launchgen.trainers.generation.backends import BACKENDS
+
+    out = []
+    caps = BACKENDS[backend].capabilities if backend in BACKENDS else None
+    if caps is None or not caps.generates_ahead:
+        out.append(("backend", "generation.backend",
+                    f"generation.max_staleness needs the vllm_server backend (a server that generates while the "
+                    f"trainer trains); {backend} generates with the trainer's own weights or GPUs"))
+    if trainer not in STALENESS_TRAINERS:
+        out.append(("trainer", "trainer",
+                    f"generation.max_staleness needs an importance-sampling correction of stale samples, which "
+                    f"{trainer} does not have (only {', '.join(sorted(STALENESS_TRAINERS))})"))
+    elif not correction_enabled:
+        out.append(("correction", "generation.importance_sampling.enabled",
+                    "generation.max_staleness generates from older weights than it trains: the importance-sampling "
+                    "correction must stay enabled"))
+    return out
+
+
+#: Trainers whose loss corrects for samples drawn from other weights (GRPO's importance sampling).
+STALENESS_TRAINERS: frozenset[str] = frozenset({"grpo"})
 
 
 class TrainerConfig(_Strict):
     trainer: TrainerName = Field(description="Bundled trainer: grpo, rloo, online_dpo or sft.")
     output_dir: str = Field(description="Checkpoints, metrics.jsonl and the final model go here.")
-    seed: int = Field(default=42)
+    seed: int = Field(
+        default=42,
+        description="Random seed (torch's is offset by the process index; the prompt order is the same on every process).",
+    )
     precision: Precision = Field(default="bf16", description="bf16 (Ampere+), fp16 with loss scaling, or fp32.")
     model: ModelSection
     data: DataSection
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="accuracy")])
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="accuracy")],
+        description="Reward functions, summed with their weights (online trainers).",
+    )
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    peft: PeftSection | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of the full model (see launchgen.trainers.peft_config); the "
+        "frozen base is loaded in the compute dtype when model.dtype is auto.",
+    )
 
     # algorithm (TRL names)
     num_generations: int | None = Field(
@@ -254,18 +308,20 @@ class TrainerConfig(_Strict):
     learning_rate: float = Field(
         default=1e-6, gt=0, description="AdamW learning rate; when unset: sft 2e-5, online_dpo 5e-7 (TRL's defaults)."
     )
-    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(default="linear")
-    warmup_steps: int = Field(default=0, ge=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
-    adam_beta2: float = Field(default=0.999, gt=0, lt=1)
-    adam_epsilon: float = Field(default=1e-8, gt=0)
+    lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = Field(
+        default="linear", description="Learning-rate schedule over max_steps (after warmup_steps)."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Optimizer steps of linear warm-up from 0.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.999, gt=0, lt=1, description="AdamW beta2.")
+    adam_epsilon: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="0 disables clipping.")
     per_device_train_batch_size: int = Field(
         default=8, ge=1,
         description="Completions per device per micro-batch (online_dpo: even, 2 per prompt; sft: sequences).",
     )
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="Micro-batches per optimizer step.")
     max_tokens_per_forward: int | None = Field(
         default=None, ge=1,
         description="Split each micro-batch into forward/backward passes of at most this many tokens (rows x padded "
@@ -289,8 +345,16 @@ class TrainerConfig(_Strict):
     save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
-    logging_steps: int = Field(default=1, ge=1)
-    report_to: list[ReportTarget] = Field(default_factory=lambda: list(_DEFAULT_REPORT_TO))
+    logging_steps: int = Field(
+        default=1, ge=1, description="Log every N optimizer steps (each key averaged over the window, as TRL)."
+    )
+    report_to: list[ReportTarget] = Field(
+        default_factory=lambda: list(_DEFAULT_REPORT_TO),
+        description="Where metrics go besides the trainer log's plain line per logging step: `jsonl` "
+        "(output_dir/metrics.jsonl; always written), `tensorboard` (output_dir/runs; warns once when not installed), "
+        "`wandb` (the launchgen[wandb] extra; WANDB_MODE=offline writes output_dir/wandb without network).",
+    )
+    run_name: str | None = Field(default=None, description="Name of the wandb run (default: wandb's own).")
     resume: Literal["auto", "never", "force"] = Field(
         default="auto",
         description="auto: resume from the newest checkpoint in output_dir when it was trained with this config "
@@ -333,6 +397,16 @@ class TrainerConfig(_Strict):
             self.steps_per_generation = self.gradient_accumulation_steps
         if self.trainer == "sft" and self.generation.backend != "hf":
             raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        g = self.generation
+        if g.max_staleness:
+            refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)
+            if refusals:
+                raise ValueError(refusals[0][2])
+        if self.peft is not None:
+            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile,
+                                        hf_engine=self.generation.hf_engine)
+            if errors:
+                raise ValueError(f"peft: {errors[0][1]}")
         return self
 
     @classmethod

@@ -1,7 +1,7 @@
 """The training loop every bundled trainer runs: batches -> loss -> step -> sync -> log -> checkpoint.
 
 `Trainer` owns what is common (accelerate set-up, models, optimizer and scheduler, the gradient-accumulation loop,
-`max_tokens_per_forward` passes, weight sync, metrics.jsonl/TensorBoard, checkpoints, USR2/TERM -> checkpoint +
+`max_tokens_per_forward` passes, weight sync, reporting (`reporting.Reporter`), checkpoints, USR2/TERM -> checkpoint +
 exit 75, `final/` and the completion marker). What differs per trainer is its objective (`objectives`, looked up
 by `trainer` name), which brings its batch source: `rollout.Rollout` for the online-RL trainers,
 `supervised.ExampleSource` for SFT.
@@ -13,13 +13,12 @@ consecutive; a group may span processes) and is used for `steps_per_generation *
 (see `rollout`). SFT's "generation batch" is the next GA micro-batches of examples.
 
 After every optimizer step a backend that needs it receives the full weights (`weights.iter_full_named_params`,
-walked on every rank); a backend that shares the policy's weights skips it (`generation.backends`).
+walked on every rank; with `peft`, the merged adapted modules: `lora`); a backend that shares the policy's weights
+skips it (`generation.backends`).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import time
 from collections import defaultdict
@@ -29,34 +28,15 @@ from typing import Any
 
 import torch
 from launchgen.trainers import checkpoint as ckpt
-from launchgen.trainers import resume
-from launchgen.trainers.config import TrainerConfig, apply_override
+from launchgen.trainers import reporting, resume
+from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
-from launchgen.trainers.stats import Stat, StepStats, mean_ignoring_nan, reduce_step
-from launchgen.trainers.weights import iter_full_named_params
-
-#: Formats of the progress-bar fields a batch source names (shown when the step produced all of them).
-_POSTFIX = {"reward": ".3f", "loss": ".4g"}
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records of steps after the resumed checkpoint (they are about to be redone), so plots stay single-valued."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if int(json.loads(line).get("step", 0)) <= step:
-                kept.append(line)
-        except (ValueError, TypeError, AttributeError):
-            continue  # a line torn by a kill mid-write
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(x + "\n" for x in kept))
-    tmp.replace(path)
+from launchgen.trainers.stats import STEP_TOKENS, Stat, StepStats, mean_ignoring_nan, reduce_step
+from launchgen.trainers.weights import iter_sync_params
 
 
 class Trainer:
@@ -83,6 +63,8 @@ class Trainer:
         acc = self._accelerator()
         self.objective: Objective = build_objective(cfg, acc.num_processes)
         self._refuse_passes_under_deepspeed()
+        reporting.require_backends(cfg)
+        reporting.quiet_bars_off_terminal()
         # before any model is loaded: a checkpoint of another config is refused in seconds, not minutes
         decision = resume.decide(cfg)
         set_seed(cfg.seed, device_specific=True)
@@ -107,7 +89,9 @@ class Trainer:
             self._resume(decision.checkpoint)
             if acc.is_main_process and self.global_step < cfg.max_steps:
                 resume.reopen(cfg)
-        self._tb = self._tensorboard()
+        self.reporter = reporting.Reporter(
+            cfg, self.out, acc.is_main_process, self.global_step, resumed=self.resumed_from is not None
+        )
         self._ready = True
 
     def _accelerator(self) -> Any:
@@ -143,7 +127,14 @@ class Trainer:
         plan = modeling.resolve_compile(cfg, acc.device.type, str(acc.distributed_type.value))
         self.compiled = plan.layers  # generation must then run the layers eagerly
         model = modeling.load_model(cfg, trainable=True, compile=plan)
-        ref = modeling.load_model(cfg, trainable=False, compile=plan) if self.objective.needs_reference else None
+        if cfg.peft is not None:
+            from launchgen.trainers import lora
+
+            lora.check_distributed(acc)
+            model = lora.wrap_policy(model, cfg)
+        # peft: the reference is the policy with its adapters disabled (below), not a second copy
+        needs_ref_copy = self.objective.needs_reference and cfg.peft is None
+        ref = modeling.load_model(cfg, trainable=False, compile=plan) if needs_ref_copy else None
         sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         # The fused CUDA kernel (TRL's default optimizer, `adamw_torch_fused`) updates every tensor in one pass with
         # no temporaries; the foreach path materialises sqrt(v) etc. for all parameters at once (~2x the parameter
@@ -167,17 +158,11 @@ class Trainer:
         acc.register_for_checkpointing(self.scheduler)
         if ref is not None:
             ref = acc.prepare_model(ref, evaluation_mode=True) if sharded else ref.to(acc.device)
+        if cfg.peft is not None:
+            lora.register_adapter_checkpoints(acc, self.model)
+            if self.objective.needs_reference:
+                ref = lora.AdapterOffReference(self.model, acc)
         self.ref_model = ref
-
-    def _tensorboard(self) -> Any:
-        if not (self.accelerator.is_main_process and "tensorboard" in self.cfg.report_to):
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            return SummaryWriter(str(self.out / "runs"))
-        except ImportError:
-            return None  # tensorboard is optional; metrics.jsonl always has everything
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -235,11 +220,7 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         if not self.signals.installed:
             self.signals.install()
-        metrics_path = self.out / "metrics.jsonl"
         self._pending: dict[str, list[float]] = defaultdict(list)
-        if self.resumed_from is not None and acc.is_main_process:
-            _truncate_metrics(metrics_path, self.global_step)
-        bar = self._progress_bar()
         try:
             if self.source.needs_weight_sync and self.global_step < cfg.max_steps:
                 # The engine's weights are not known to be the policy's before the first generation: a requeued
@@ -252,30 +233,15 @@ class Trainer:
                 if self.signals.any_rank(acc):
                     return self._preempted()
                 step_metrics = self._step()
-                self._record(metrics_path, step_metrics)
-                if bar is not None:
-                    keys = self.source.progress_keys
-                    if all(k in step_metrics for k in keys):
-                        bar.set_postfix({k: f"{step_metrics[k]:{_POSTFIX[k]}}" for k in keys}, refresh=False)
-                    bar.update(1)
+                self.reporter.count_tokens(step_metrics.pop(STEP_TOKENS, 0.0))
+                self._record(step_metrics)
+                self.reporter.progress(step_metrics, self.source.progress_keys)
                 if cfg.save_steps and self.global_step % cfg.save_steps == 0 and self.global_step < cfg.max_steps:
                     self.save()
             return self._finish()
         finally:
-            if bar is not None:
-                bar.close()
-            if self._tb is not None:
-                self._tb.close()
+            self.reporter.close()
             self.signals.uninstall()
-
-    def _progress_bar(self) -> Any:
-        if not self.accelerator.is_main_process:
-            return None
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return None
-        return tqdm(total=self.cfg.max_steps, initial=self.global_step, desc=self.cfg.trainer, dynamic_ncols=True)
 
     def _preempted(self) -> int:
         self.save()
@@ -310,6 +276,7 @@ class Trainer:
                         loss = loss * share
                     acc.backward(loss)
                 stats.loss = stats.loss + loss.detach().to(torch.float64)
+            stats.add(STEP_TOKENS, self.source.layout.tokens(mb))
             t_train += time.perf_counter() - ts
             self.micro_step += 1
         ts = time.perf_counter()
@@ -334,12 +301,12 @@ class Trainer:
         step_metrics["epoch"] = sampler.epoch + sampler.index / max(1, sampler.n)
         return step_metrics
 
-    def _record(self, path: Path, step_metrics: dict[str, float]) -> None:
+    def _record(self, step_metrics: dict[str, float]) -> None:
         for key, value in step_metrics.items():
             self._pending[key].append(value)
         if self.global_step % self.cfg.logging_steps == 0 or self.global_step == self.cfg.max_steps:
             # As TRL: each key is the mean over the steps since the last log that produced it.
-            self._log(path, {k: mean_ignoring_nan(v) for k, v in self._pending.items()})
+            self.reporter.log(self.global_step, {k: mean_ignoring_nan(v) for k, v in self._pending.items()})
             self._pending.clear()
 
     def _finish(self) -> int:
@@ -358,23 +325,18 @@ class Trainer:
     def _sync_weights(self) -> float:
         assert self.backend is not None
         t = time.perf_counter()
-        self.backend.sync_weights(iter_full_named_params(self.model, self.accelerator))
+        with self.source.weight_push(self.global_step):  # generation ahead: finished or paused around the push
+            self.backend.sync_weights(iter_sync_params(self.model, self.accelerator, self.cfg))
         return time.perf_counter() - t
-
-    def _log(self, path: Path, metrics: dict[str, float]) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        rec = {"step": self.global_step, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}}
-        with path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not math.isnan(v):
-                    self._tb.add_scalar(k, v, self.global_step)
 
     def save_final(self) -> None:
         acc = self.accelerator
         final = self.out / "final"
+        if self.cfg.peft is not None:
+            from launchgen.trainers import lora
+
+            lora.save_final(acc, self.model, self.tokenizer, final, self.cfg.peft.save_merged)
+            return
         state = acc.get_state_dict(self.model)
         if acc.is_main_process:
             acc.unwrap_model(self.model).save_pretrained(str(final), state_dict=state, safe_serialization=True)
@@ -382,6 +344,9 @@ class Trainer:
         acc.wait_for_everyone()
 
     def close(self) -> None:
+        source: BatchSource | None = getattr(self, "source", None)
+        if source is not None:
+            source.close()
         if self.backend is not None:
             self.backend.close()
 
@@ -403,51 +368,3 @@ def run(cfg: TrainerConfig) -> int:
     finally:
         trainer.signals.uninstall()
         trainer.close()
-
-
-def entry(argv: list[str] | None, trainer: str) -> int:
-    """`python -m launchgen.trainers.<trainer> --config run.yaml`: config errors are one line and exit 2."""
-    import argparse
-    import sys
-
-    import yaml
-    from pydantic import ValidationError
-
-    p = argparse.ArgumentParser(prog=f"python -m launchgen.trainers.{trainer}")
-    p.add_argument("--config", required=True, help="resolved trainer config (YAML), see launchgen.trainers.config")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one field (dotted path, e.g. generation.vllm_server.port=8001; the value is parsed as YAML); "
-        "repeatable, applied in order before validation",
-    )
-    a = p.parse_args(argv)
-    try:
-        data = yaml.safe_load(Path(a.config).read_text())
-        if not isinstance(data, dict):
-            raise ValueError("expected a mapping at the top level")
-        for item in a.set:
-            apply_override(data, item)
-        cfg = TrainerConfig.model_validate(data)
-    except ValidationError as e:
-        errs = e.errors()
-        loc = ".".join(str(x) for x in errs[0]["loc"]) or "(top level)"
-        more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
-        print(f"error: {a.config}: {loc}: {errs[0]['msg']}{more}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {a.config}: {first}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG
-    try:
-        if cfg.trainer != trainer:
-            raise TrainerSetupError(
-                f"{a.config}: trainer is {cfg.trainer!r} but this is launchgen.trainers.{trainer}; "
-                f"run python -m launchgen.trainers.{cfg.trainer} or fix `trainer`"
-            )
-        return run(cfg)
-    except TrainerSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return ckpt.EXIT_CONFIG

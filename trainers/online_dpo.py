@@ -15,7 +15,7 @@ signals and metrics are GRPO's. Exit codes:
 
 from __future__ import annotations
 
-from launchgen.trainers.core import entry
+from launchgen.trainers.cli import entry
 
 
 def main(argv: list[str] | None = None) -> int:

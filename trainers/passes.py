@@ -24,6 +24,12 @@ class RowLayout:
     mask_key: str  # its 0/1 mask: a row's length is its sum
     trim_keys: tuple[str, ...]  # per-row tensors aligned with the trimmable columns
     fixed_key: str | None = None  # (rows, width) columns kept whole (left-padded prompts)
+    fixed_mask_key: str | None = None  # the 0/1 mask of `fixed_key`
+
+    def tokens(self, mb: Batch) -> Stat:
+        """Real (unpadded) tokens of the micro-batch, as a device scalar (no host sync)."""
+        n = mb[self.mask_key].sum()
+        return n + mb[self.fixed_mask_key].sum() if self.fixed_mask_key else n
 
     def rows(self, mb: Batch) -> int:
         return int(mb[self.ids_key].size(0))

@@ -11,7 +11,7 @@ The config is `launchgen.trainers.config.TrainerConfig` with `trainer: rloo`; se
 
 from __future__ import annotations
 
-from launchgen.trainers.core import entry
+from launchgen.trainers.cli import entry
 
 
 def main(argv: list[str] | None = None) -> int:

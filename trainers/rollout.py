@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, cast
 
 import torch
+from launchgen.trainers import async_rollout
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.data import (
     PromptSampler,
@@ -33,7 +35,7 @@ from launchgen.trainers.rewards import LoadedReward, load_rewards, score
 
 #: Prompts are left-padded (kept whole); completions right-padded, so a pass keeps only its longest row's columns.
 RL_LAYOUT = RowLayout(
-    ids_key="completion_ids", mask_key="completion_mask", fixed_key="prompt_ids",
+    ids_key="completion_ids", mask_key="completion_mask", fixed_key="prompt_ids", fixed_mask_key="prompt_mask",
     trim_keys=("completion_ids", "completion_mask", "old_logps", "ref_logps", "is_ratio"),
 )
 
@@ -50,6 +52,9 @@ class Rollout:
         self.geometry = objective.geometry
         self.needs_weight_sync = backends.capabilities(cfg).needs_weight_sync
         self.backend: GenerationBackend | None = None
+        #: Generates the next batches on a thread while the current one trains (max_staleness >= 1), else None.
+        self.ahead: async_rollout.AheadGenerator | None = None
+        self._version = 0  # optimizer steps in the weights the server holds
         self.rows = load_rows(cfg.data)
         self.sampler = PromptSampler(len(self.rows), cfg.seed, cfg.data.shuffle)
         self.rewards: list[LoadedReward] = load_rewards(cfg.rewards)
@@ -63,16 +68,89 @@ class Rollout:
         self.model, self.ref_model = model, ref_model
         self.compiled_layers = compiled_layers  # generation must then run the layers eagerly
         self.backend = backends.make_backend(self.cfg, self.accelerator, model, self.tokenizer)
+        g = self.cfg.generation
+        if g.max_staleness:
+            if not backends.capabilities(self.cfg).generates_ahead:
+                raise TrainerSetupError(f"generation.max_staleness needs a backend that generates ahead, not {g.backend}")
+            acc = self.accelerator
+            self.ahead = async_rollout.AheadGenerator(
+                cast(async_rollout.AheadBackend, self.backend),  # generates_ahead: it has request_all / share
+                self._sampling_params(), is_main=bool(acc.is_main_process), process_index=int(acc.process_index),
+                in_flight_at_push=g.in_flight_at_push,
+            )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
+        # A synchronous run's state is unchanged; an async one first finishes and records what is in flight.
+        if self.ahead is None:
+            return {"sampler": self.sampler.state_dict()}
+        return {"sampler": self.sampler.state_dict(), "ahead": self.ahead.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+        self._version = int(state.get("global_step", 0))
+        if self.ahead is not None:
+            if "ahead" in state:
+                self.ahead.load_state_dict(state["ahead"])
+            else:  # a synchronous checkpoint (resume: force): continue after the batches it already took
+                self.ahead.next_index = -(-int(state.get("micro_step", 0)) // self.geometry.generate_every)
+
+    @contextmanager
+    def weight_push(self, version: int) -> Iterator[None]:
+        """Around the push of the weights after `version` optimizer steps: in-flight generation is finished or
+        paused first, and the batches those weights are to generate are submitted after."""
+        if self.ahead is None:
+            yield
+            return
+        with self.ahead.around_push():
+            yield
+        self._version = version
+        self._schedule()
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+
+    # ------------------------------------------------------------------------------------------ generating ahead
+
+    def _schedule(self) -> None:
+        """Submit every batch the server's current weights are to generate (`async_rollout.target_version`)."""
+        a, g = self.ahead, self.geometry
+        assert a is not None
+        k = self.cfg.generation.max_staleness
+        while True:
+            j = a.next_index
+            if async_rollout.consume_step(j, g.generate_every, g.ga) >= self.cfg.max_steps:
+                return  # never trained on
+            if async_rollout.target_version(j, g.generate_every, g.ga, k) > self._version:
+                return
+            rows = self._global_rows()
+            rank = self.accelerator.process_index
+            local = rows[rank * g.local_gen : (rank + 1) * g.local_gen]
+            all_prompts = [self._prompt_ids(i) for i in rows] if self.accelerator.is_main_process else None
+            a.submit(async_rollout.Job(j, self._version, local, all_prompts))
+
+    def _next_ahead(self) -> tuple[list[Batch], dict[str, float]]:
+        a, g = self.ahead, self.geometry
+        assert a is not None
+        if a.pending == 0:
+            self._schedule()  # the first batch of a fresh run: what the initial weights generate
+        metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+        job, out = a.take(g.local_gen)
+        metrics["time/generate"] = time.perf_counter() - t0  # the wait: generation not hidden behind training
+        staleness = async_rollout.consume_step(job.index, g.generate_every, g.ga) - job.version
+        if not 0 <= staleness <= self.cfg.generation.max_staleness:
+            raise RuntimeError(f"async generation: batch {job.index} is {staleness} steps old "
+                               f"(max_staleness {self.cfg.generation.max_staleness})")
+        metrics["async/staleness"] = float(staleness)
+        prompt_ids = [self._prompt_ids(i) for i in job.local_rows]
+        return self._finish(job.local_rows, prompt_ids, out, metrics)
 
     # ------------------------------------------------------------------------------------------ one batch
 
     def next_batches(self) -> tuple[list[Batch], dict[str, float]]:
+        if self.ahead is not None:
+            return self._next_ahead()
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
         local_rows = self._local_rows()
@@ -81,7 +159,12 @@ class Rollout:
         with self._generation_context():
             out = self.backend.generate(prompt_ids, self._sampling_params())
         metrics["time/generate"] = time.perf_counter() - t0
+        return self._finish(local_rows, prompt_ids, out, metrics)
 
+    def _finish(
+        self, local_rows: list[int], prompt_ids: list[list[int]], out: GenerationOutput, metrics: dict[str, float]
+    ) -> tuple[list[Batch], dict[str, float]]:
+        """Score, gather, log-probs, importance sampling, the objective's columns, metrics, split."""
         t1 = time.perf_counter()
         t, truncated = self._tensors(prompt_ids, out)
         mask = t["completion_mask"]
@@ -103,12 +186,16 @@ class Rollout:
         self._reward_metrics(rpf, rewards, std_is_zero, metrics)
         return self._split(t), metrics
 
+    def _global_rows(self) -> list[int]:
+        """Every process's prompt rows of the next generation batch (identical on every rank)."""
+        g = self.geometry
+        prompt_idx = self.sampler.take(g.global_gen // g.G)
+        return [i for i in prompt_idx for _ in range(g.G)]
+
     def _local_rows(self) -> list[int]:
         g = self.geometry
-        prompt_idx = self.sampler.take(g.global_gen // g.G)  # identical on every rank
-        expanded = [i for i in prompt_idx for _ in range(g.G)]
         rank = self.accelerator.process_index
-        return expanded[rank * g.local_gen : (rank + 1) * g.local_gen]
+        return self._global_rows()[rank * g.local_gen : (rank + 1) * g.local_gen]
 
     def _prompt_ids(self, idx: int) -> list[int]:
         ids = self._prompt_cache.get(idx)

@@ -12,7 +12,7 @@ its loop `launchgen.trainers.core` (see docs/trainers.md). Exit codes:
 
 from __future__ import annotations
 
-from launchgen.trainers.core import entry
+from launchgen.trainers.cli import entry
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,8 @@ RATIOS = (
     ("clip_ratio/high_mean", "clip_high_sum", "clip_count"),
     ("clip_ratio/region_mean", "clip_region_sum", "clip_count"),
 )
+#: A sum the loop reads back and does not log: real tokens trained on in the step, all processes (tokens/s).
+STEP_TOKENS = "step_tokens"
 #: Logged extremes: key, reduction over processes.
 EXTREMES = (("clip_ratio/low_min", "min"), ("clip_ratio/high_max", "max"))
 
@@ -91,6 +93,8 @@ def reduce_step(
         vals = accelerator.reduce(vals, reduction="sum")
     summed = dict(zip(keys, vals[1:].tolist(), strict=True))
     out: dict[str, float] = {"loss": vals[0].item() / accelerator.num_processes}
+    if STEP_TOKENS in summed:
+        out[STEP_TOKENS] = summed[STEP_TOKENS]
     for name, num, den in RATIOS:
         if num in summed and den in summed:
             out[name] = summed[num] / max(summed[den], 1.0)

@@ -29,6 +29,7 @@ to the model's own `labels=` loss, tested) or, with `use_liger_kernel`, Liger's 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -244,6 +245,12 @@ class ExampleSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         self.num_tokens = float(state.get("num_tokens", 0.0))
+
+    def weight_push(self, version: int) -> AbstractContextManager[None]:
+        return nullcontext()  # needs_weight_sync is False: never called
+
+    def close(self) -> None:
+        return None
 
     def _example(self, idx: int) -> tuple[list[int], list[int]]:
         ex = self._examples.get(idx)

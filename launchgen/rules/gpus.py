@@ -103,7 +103,9 @@ _doc("LG908", "error", "train.device: cpu with vLLM colocate (in-process vLLM ne
 @check("LG903")
 def server_has_gpus(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
-    if ctx.server_mode and v is not None and v.gpus is not None and not ctx.layout.server_gpus:
+    # a CPU server takes no GPUs: listing some is LG915's mistake, not an empty list
+    if ctx.server_mode and v is not None and v.gpus is not None and not ctx.layout.server_gpus \
+            and not ctx.layout.server_cpu:
         yield ctx.issue("LG903", "vllm.gpus", "the server has no GPUs")  # vllm.gpus None is LG104's
 
 

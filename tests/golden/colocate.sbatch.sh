@@ -174,7 +174,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_A9DCB360C0E4CCCF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_30702215634B5334'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CE6B955D8C054FAF'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -241,6 +241,9 @@ generation:
     clip_max: 3.0
     clip_min: null
     sequence_reduction: sum
+  max_staleness: 0
+  in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -274,8 +277,9 @@ logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
+run_name: null
 resume: auto
-LAUNCHGEN_EOF_30702215634B5334
+LAUNCHGEN_EOF_CE6B955D8C054FAF
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

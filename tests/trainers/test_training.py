@@ -328,7 +328,7 @@ def test_dapo_micro_batch_losses_sum_to_the_whole_batch_loss(
 def test_logging_window_average_and_metrics_truncated_on_resume(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launchgen.trainers.core import _truncate_metrics
+    from launchgen.trainers.reporting import truncate_metrics
 
     monkeypatch.syspath_prepend(str(HERE))
     cfg = _cfg(tmp_path, tiny_model_dir, "log", max_steps=3, per_device_train_batch_size=8, num_generations=4,
@@ -339,7 +339,7 @@ def test_logging_window_average_and_metrics_truncated_on_resume(
     path = tmp_path / "log" / "metrics.jsonl"
     with path.open("a") as f:
         f.write('{"step": 4, "loss": 1.0}\n{"step": 5, "lo')  # steps after a checkpoint, the last one torn
-    _truncate_metrics(path, 3)
+    truncate_metrics(path, 3)
     assert [m["step"] for m in _metrics(tmp_path / "log")] == [2, 3]
 
 

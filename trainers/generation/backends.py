@@ -10,7 +10,7 @@ Backend modules are imported only when selected, so vLLM stays optional.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.errors import TrainerSetupError
@@ -31,6 +31,9 @@ class Capabilities:
     returns_logprobs: bool
     #: Needs the full weights after every optimizer step (and after a resume).
     needs_weight_sync: bool
+    #: Can generate on a thread while the trainer trains (`generation.max_staleness`): a separate engine on its
+    #: own devices, with rank 0's requests free of collectives (`request_all` / `share`, see `async_rollout`).
+    generates_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,10 @@ def _static_cache_fits(cfg: TrainerConfig, accelerator: Any, model: Any) -> bool
 def _hf(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     engine = cfg.generation.hf_engine
     if engine == "auto":
-        engine = "static_cache" if _static_cache_fits(cfg, accelerator, model) else "generate"
+        # peft: the static-cache engine decodes from plain weights, not through the adapters (config.py refuses
+        # an explicit static_cache with peft)
+        fits = cfg.peft is None and _static_cache_fits(cfg, accelerator, model)
+        engine = "static_cache" if fits else "generate"
     if engine == "static_cache":
         from launchgen.trainers.generation.fast_generate import FastGenerateBackend
 
@@ -77,21 +83,22 @@ def _vllm_server(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: An
 
 def _vllm_colocate(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     from launchgen.trainers.generation.vllm_colocate import VLLMColocateBackend
-    from launchgen.trainers.weights import iter_full_named_params
+    from launchgen.trainers.weights import iter_sync_params
 
-    # With sleep mode the engine drops its weights; it re-pulls them through this after waking.
+    # With sleep mode the engine drops its weights; it re-pulls them (all of them, merged under peft) after waking.
     return VLLMColocateBackend.from_config(
-        cfg, accelerator, model, named_params_fn=lambda: iter_full_named_params(model, accelerator)
+        cfg, accelerator, model, named_params_fn=lambda: iter_sync_params(model, accelerator, cfg, full=True)
     )
 
 
 _SEPARATE_ENGINE = Capabilities(shares_policy_weights=False, returns_logprobs=True, needs_weight_sync=True)
+#: The colocated engine shares the trainer's GPUs and process, so it cannot generate while the trainer trains.
 
 BACKENDS: dict[str, BackendSpec] = {
     spec.name: spec
     for spec in (
         BackendSpec("hf", Capabilities(shares_policy_weights=True, returns_logprobs=True, needs_weight_sync=False), _hf),
-        BackendSpec("vllm_server", _SEPARATE_ENGINE, _vllm_server),
+        BackendSpec("vllm_server", replace(_SEPARATE_ENGINE, generates_ahead=True), _vllm_server),
         BackendSpec("vllm_colocate", _SEPARATE_ENGINE, _vllm_colocate),
     )
 }

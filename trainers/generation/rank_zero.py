@@ -18,6 +18,9 @@ from .vllm_client import CompletionsResult, VLLMServerError
 if TYPE_CHECKING:
     import torch
 
+#: Rank 0's generation outcome: the result, or the text of the error every rank raises (`share`).
+Payload = tuple[CompletionsResult | None, str | None]
+
 
 class RankZeroBackend:
     """Collectives around rank 0's work; subclasses implement the three `_*_main` methods."""
@@ -82,18 +85,29 @@ class RankZeroBackend:
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
         per_rank: list[list[list[int]]] = self._gather(prompt_ids)
-        payload: tuple[CompletionsResult | None, str | None] = (None, None)
+        payload: Payload = (None, None)
         if self.is_main:
-            try:
-                payload = (self._generate_main([p for rank in per_rank for p in rank], params), None)
-            except Exception as exc:
-                payload = (None, f"{type(exc).__name__}: {exc}")
+            payload = self.request_all([p for rank in per_rank for p in rank], params)
+        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
+        return self.share(payload, start, len(prompt_ids))
+
+    def request_all(self, all_prompts: list[list[int]], params: SamplingParams) -> Payload:
+        """Rank 0: generate for every rank's prompts; the result or the error's text, never raised.
+
+        No collective runs here, so `async_rollout`'s worker thread calls it while the main thread trains.
+        """
+        try:
+            return self._generate_main(all_prompts, params), None
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def share(self, payload: Payload, start: int, count: int) -> GenerationOutput:
+        """Collective: every rank gets rows [start, start + count) of rank 0's result, or every rank raises."""
         result, message = self._broadcast_from_main(payload)
         if message is not None:
             raise VLLMServerError(f"generation failed on trainer rank 0: {message}")
         assert result is not None
-        start = sum(len(r) for r in per_rank[: int(getattr(self.accelerator, "process_index", 0))])
-        rows = slice(start, start + len(prompt_ids))
+        rows = slice(start, start + count)
         return GenerationOutput(
             prompt_ids=[list(p) for p in result.prompt_ids[rows]],
             completion_ids=result.completion_ids[rows],

@@ -403,10 +403,17 @@ class VLLMClient:
         self._request("POST", "/shutdown_weight_transfer_engine", json={}, timeout=self.control_timeout)
         return True
 
-    def reset_prefix_cache(self, max_attempts: int = 30, retry_interval: float = 1.0) -> None:
-        """POST /reset_prefix_cache; from 0.26 retry while it reports success=false (blocks still held)."""
+    def reset_prefix_cache(
+        self, max_attempts: int = 30, retry_interval: float = 1.0, reset_running_requests: bool = False
+    ) -> None:
+        """POST /reset_prefix_cache; from 0.26 retry while it reports success=false (blocks still held).
+
+        `reset_running_requests`: preempt the running requests first (they are recomputed, with the new weights),
+        which is what lets the reset succeed while requests are paused in place (`/pause?mode=keep`).
+        """
+        params = {"reset_running_requests": "true"} if reset_running_requests else None
         for attempt in range(1, max_attempts + 1):
-            resp = self._request("POST", "/reset_prefix_cache", timeout=self.control_timeout)
+            resp = self._request("POST", "/reset_prefix_cache", params=params, timeout=self.control_timeout)
             if not self.server_version().reset_reports_success:
                 return
             data = self._json(resp, "/reset_prefix_cache")

@@ -311,6 +311,21 @@ class VLLMReplicaBackend(RankZeroBackend):
                 self._fail(r, errors[r.index], "weight sync")
         self.syncs_done += 1
 
+    def pause(self) -> None:
+        """Rank 0: freeze every live replica's in-flight requests for a weight push (`async_rollout`)."""
+        self._each_live("pause", lambda b: b.pause())
+
+    def resume(self) -> None:
+        self._each_live("resume", lambda b: b.resume())
+
+    def _each_live(self, what: str, fn: Callable[[VLLMServerBackend], None]) -> None:
+        for r in self.live():
+            assert r.backend is not None
+            try:
+                fn(r.backend)
+            except Exception as exc:
+                self._fail(r, exc, what)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -120,6 +120,7 @@ class VLLMServerBackend(RankZeroBackend):
         self._group_broken = False
         self._metas: list[TensorMeta] | None = None
         self._generated_once = False
+        self._paused = False  # between pause() and resume(): the sync preempts the paused requests at its reset
         self._closed = False
         #: Bytes streamed by the last sync, and the seconds spent in /update_weights + broadcast (no start/finish).
         self.last_sync_bytes = 0
@@ -260,6 +261,17 @@ class VLLMServerBackend(RankZeroBackend):
         }
 
     # -- generation ---------------------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Rank 0: freeze in-flight requests where they are (vLLM's `/pause?mode=keep`) until `resume`."""
+        assert self.client is not None
+        self.client.pause(mode="keep", clear_cache=False)
+        self._paused = True
+
+    def resume(self) -> None:
+        assert self.client is not None
+        self._paused = False
+        self.client.resume()
+
     def _generate_main(self, all_prompts: list[list[int]], params: SamplingParams) -> CompletionsResult:
         assert self.client is not None and self.model_id is not None
         if not self._generated_once:
@@ -323,7 +335,8 @@ class VLLMServerBackend(RankZeroBackend):
             if lifecycle:
                 c.finish_weight_update(str(self.syncs_done + 1))
                 started = False
-            c.reset_prefix_cache()
+            # Paused requests hold cache blocks; preempting them lets the reset succeed and recomputes their KV.
+            c.reset_prefix_cache(reset_running_requests=self._paused)
             self.syncs_done += 1
         except BaseException:
             for _ in it:  # finish every collective the other ranks are (or will be) waiting in

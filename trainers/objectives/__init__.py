@@ -2,7 +2,7 @@
 
 Adding one: an objective class (see `base.Objective`; an online-RL one also `base.RLObjective` and a rollout via
 `base.make_rollout`) constructed as `cls(cfg, num_processes)`, one entry here, its name in `config.TrainerName`
-and a `python -m launchgen.trainers.<name>` module calling `core.entry`.
+and a `python -m launchgen.trainers.<name>` module calling `cli.entry`.
 """
 
 from __future__ import annotations

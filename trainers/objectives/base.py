@@ -9,6 +9,7 @@ metrics (through `StepStats` and the rollout's `metrics`). The loop (`core.Train
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,6 +83,14 @@ class BatchSource(Protocol):
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def weight_push(self, version: int) -> AbstractContextManager[None]:
+        """Entered around each push of the weights after `version` optimizer steps (generation ahead of it
+        is finished or paused first)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the source runs besides its backend (a generate-ahead thread)."""
 
 
 class Objective(Protocol):
