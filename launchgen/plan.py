@@ -412,7 +412,11 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
     ]
     for o in overrides:
         targv += ["--set", o.value]
-    acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
+    try:
+        acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device, t.distributed)
+    except (OSError, ValueError) as e:  # the user's accelerate file (LG633 in `check`'s file stage too)
+        raise SpecError([Issue("LG633", "train.distributed.accelerate_config", f"cannot read it: {e}",
+                               "Fix the path (relative paths start at the submit directory) or the file.")]) from None
     return TrainerPlan(
         positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
         processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,
