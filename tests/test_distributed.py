@@ -129,3 +129,21 @@ def test_rendered_accelerate_yaml_carries_the_offload(model_dir: Path) -> None:
     acc = yaml.safe_load(plan.trainer.accelerate_config_yaml)
     assert acc["deepspeed_config"]["offload_optimizer_device"] == "cpu"
     assert acc["deepspeed_config"]["offload_param_device"] == "none"
+
+
+def test_lg361_eval_data_file_checks(tmp_path: Path, model_dir: Path) -> None:
+    # (kept beside the other file-stage checks of this change: it needs files on disk)
+    good = tmp_path / "eval.jsonl"
+    good.write_text('{"prompt": "a"}\n')
+    wrong = tmp_path / "q.jsonl"
+    wrong.write_text('{"question": "a"}\n')
+    broken = tmp_path / "b.jsonl"
+    broken.write_text("{not json\n")
+    for path, needle in [(tmp_path / "missing.jsonl", "does not exist"), (wrong, "no prompt column 'prompt'"),
+                         (broken, str(broken))]:
+        found = _codes(_spec(model_dir, {"args": {"data": {"path": str(good)}, "eval_data": {"path": str(path)},
+                                                  "eval_strategy": "steps"}})).get("LG361")
+        assert found and needle in found[0].message and found[0].line is not None, (path, found)
+    clean = _codes(_spec(model_dir, {"args": {"data": {"path": str(good)}, "eval_data": {"path": str(good)},
+                                              "eval_strategy": "steps"}}))
+    assert "LG361" not in clean
