@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launchgen import ports
 from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ OWNED_GENERATION = {
 OWNED_SERVER = {
     "host": "vllm.bind / the allocation", "port": "vllm.port", "base_url": "vllm.port / vllm.bind",
     "group_port": "vllm.group_port", "group_host": "the allocation (VLLM_HOST_IP)",
-    "health_timeout": "vllm.health_timeout",
+    "health_timeout": "vllm.health_timeout", "replicas": "vllm.replicas and the allocation",
 }
 OWNED_COLOCATE = {
     "tensor_parallel_size": "vllm.tensor_parallel_size",
@@ -80,6 +81,14 @@ class Copied:
 _SERVER, _COLOCATE = ("server",), ("colocate",)
 _BACKEND = {"server": "vllm_server", "colocate": "vllm_colocate", "none": "hf"}
 
+def _replica_endpoints(f: Filled) -> Any:
+    v = f.vllm
+    if v.replicas <= 1:
+        return SKIP
+    return [{"host": "127.0.0.1", "port": ports.replica_port(v.port, k),
+             "group_port": ports.replica_port(v.group_port, k)} for k in range(v.replicas)]
+
+
 #: What launchgen writes into the trainer's config for each owned argument (in the vllm modes listed).
 COPIED: tuple[Copied, ...] = (
     Copied("trainer", lambda f: f.spec.train.trainer),
@@ -99,6 +108,8 @@ COPIED: tuple[Copied, ...] = (
     # longer than the supervisor's wait, so that the supervisor, which names the server's log, reports it
     Copied("generation.vllm_server.health_timeout",
            lambda f: float(f.vllm.health_timeout + HEALTH_CLIENT_MARGIN_S), _SERVER),
+    # several servers: replica k's ports are the base ports shifted by k (launchgen.ports.replica_port)
+    Copied("generation.vllm_server.replicas", _replica_endpoints, _SERVER),
     Copied("generation.vllm_colocate.tensor_parallel_size", lambda f: f.vllm.tensor_parallel_size, _COLOCATE),
     Copied("generation.vllm_colocate.gpu_memory_utilization",
            lambda f: f.vllm.gpu_memory_utilization if "gpu_memory_utilization" in f.vllm.model_fields_set

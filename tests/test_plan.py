@@ -221,15 +221,18 @@ def test_spec_hash_is_stable_and_sensitive() -> None:
 
 
 def test_refs_name_documented_runtime_variables() -> None:
-    from launchgen.plan import RUNTIME_VARS
+    from launchgen.plan import runtime_var_documented
 
     for path in EXAMPLES.glob("*.yaml"):
         plan = build_plan(load_spec(path))
-        argvs = [plan.trainer.argv] + ([c.argv for c in plan.server.commands] if plan.server else [])
+        argvs = [plan.trainer.argv] + ([c.argv for r in plan.server.replicas for c in r.commands]
+                                       if plan.server else [])
         for argv in argvs:
             for w in argv:
                 if isinstance(w, Ref):
-                    assert w.var in RUNTIME_VARS, (path.name, w.var)
+                    assert runtime_var_documented(w.var), (path.name, w.var)
+        for e in plan.endpoints:
+            assert not isinstance(e.host, Ref) or runtime_var_documented(e.host.var), (path.name, e.host)
 
 
 # ---------------------------------------------------------------------------------------------- precision

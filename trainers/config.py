@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from launchgen.trainers.algorithm_options import AlgorithmOptions, ordered_dump
 from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,7 +25,7 @@ TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
 ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
 
 Precision = Literal["bf16", "fp16", "fp32"]
-LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "sigmoid", "ipo"]
+LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo", "sigmoid", "ipo"]
 DPO_LOSS_TYPES = frozenset({"sigmoid", "ipo"})
 ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
@@ -276,7 +277,9 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
 STALENESS_TRAINERS: frozenset[str] = frozenset({"grpo"})
 
 
-class TrainerConfig(_Strict):
+class TrainerConfig(AlgorithmOptions):
+    """`AlgorithmOptions` adds GRPOConfig's loss options (importance_sampling_level, delta, ...)."""
+
     trainer: TrainerName = Field(description="Bundled trainer: grpo, rloo, online_dpo or sft.")
     output_dir: str = Field(description="Checkpoints, metrics.jsonl and the final model go here.")
     seed: int = Field(
@@ -307,7 +310,8 @@ class TrainerConfig(_Strict):
     )
     loss_type: LossType = Field(
         default="dapo",
-        description="GRPO loss normalisation (grpo, dapo, dr_grpo, bnpo); online_dpo: sigmoid (default when unset) or ipo.",
+        description="GRPO loss (TRL 1.16): grpo, dapo, dr_grpo, bnpo (normalisers of the clipped loss), cispo, sapo, "
+        "luspo, vespo; online_dpo: sigmoid (default when unset) or ipo.",
     )
     epsilon: float = Field(default=0.2, gt=0, description="Lower clip range.")
     epsilon_high: float | None = Field(default=None, gt=0, description="Upper clip range; defaults to epsilon.")
@@ -425,7 +429,8 @@ class TrainerConfig(_Strict):
                     "so a pair never spans micro-batches)"
                 )
         elif self.loss_type in DPO_LOSS_TYPES:
-            raise ValueError(f"loss_type {self.loss_type} is for online_dpo; {self.trainer} takes grpo, dapo, dr_grpo or bnpo")
+            raise ValueError(f"loss_type {self.loss_type} is for online_dpo; {self.trainer} takes grpo, dapo, dr_grpo, bnpo, "
+                             "cispo, sapo, luspo or vespo")
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         if self.steps_per_generation is None:
@@ -463,7 +468,8 @@ class TrainerConfig(_Strict):
         return cls.model_validate(data)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        data = ordered_dump(self.model_dump(mode="json"))
+        return yaml.safe_dump(data, sort_keys=False)
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

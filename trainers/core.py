@@ -36,7 +36,7 @@ from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
-from launchgen.trainers.stats import STEP_TOKENS, Stat, StepStats, mean_ignoring_nan, reduce_step
+from launchgen.trainers.stats import STEP_TOKENS, Stat, StepStats, reduce_step, window_value
 from launchgen.trainers.weights import iter_sync_params
 
 
@@ -329,7 +329,7 @@ class Trainer:
             self._pending[key].append(value)
         if self.global_step % self.cfg.logging_steps == 0 or self.global_step == self.cfg.max_steps:
             # As TRL: each key is the mean over the steps since the last log that produced it.
-            self.reporter.log(self.global_step, {k: mean_ignoring_nan(v) for k, v in self._pending.items()})
+            self.reporter.log(self.global_step, {k: window_value(k, v) for k, v in self._pending.items()})
             self._pending.clear()
 
     def _finish(self) -> int:

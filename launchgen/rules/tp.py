@@ -10,8 +10,9 @@ from launchgen.rules.registry import _doc, check
 
 # === LG2xx tensor/data parallelism and the model =========================================================
 
-_doc("LG201", "error", "tensor_parallel_size x data_parallel_size differs from the server's GPU count.",
-     "Make vllm.tensor_parallel_size * vllm.data_parallel_size equal the number of server GPUs.")
+_doc("LG201", "error", "tensor_parallel_size x data_parallel_size (x vllm.replicas) differs from the server's "
+     "GPU count.",
+     "Make vllm.tensor_parallel_size * vllm.data_parallel_size * vllm.replicas equal the number of server GPUs.")
 _doc("LG202", "error", "A tensor-parallel group would not fit in one node (TP larger than, or not dividing, "
      "the GPUs vLLM gets per node).",
      "Use a vllm.tensor_parallel_size that divides the server GPUs per node (TP across nodes needs Ray); "
@@ -42,9 +43,10 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
         return  # a GPU listed twice (LG102's) makes the count wrong: one mistake, one message
     n = lay.server_world_size
     if n and not lay.tp_dp_matches_server:
+        reps = f" x replicas {v.replicas}" if v.replicas > 1 else ""
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {v.tensor_parallel_size} x data_parallel_size "
-                        f"{v.data_parallel_size} = {v.tensor_parallel_size * v.data_parallel_size}, "
+                        f"{v.data_parallel_size}{reps} = {v.tensor_parallel_size * v.data_parallel_size * v.replicas}, "
                         f"but the server has {n} GPU(s) ({ctx.server_nodes} node(s) x "
                         f"{lay.server_gpus_per_node})")
 
