@@ -23,6 +23,7 @@ OWNED_SERVER = {
     "host": "vllm.bind / the allocation", "port": "vllm.port", "base_url": "vllm.port / vllm.bind",
     "group_port": "vllm.group_port", "group_host": "the allocation (VLLM_HOST_IP)",
     "health_timeout": "vllm.health_timeout", "replicas": "vllm.replicas and the allocation",
+    "replica_failover": "vllm.restart_replicas",
 }
 OWNED_COLOCATE = {
     "tensor_parallel_size": "vllm.tensor_parallel_size",

@@ -56,6 +56,7 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
             if v.replicas > 1:
                 srv["replicas"] = [{"host": "127.0.0.1", "port": ports.replica_port(v.port, k),
                                     "group_port": ports.replica_port(v.group_port, k)} for k in range(v.replicas)]
+                srv["replica_failover"] = v.restart_replicas
     else:
         gen["backend"] = "vllm_colocate"
         col = gen.setdefault("vllm_colocate", {})

@@ -234,12 +234,16 @@ class VLLMReplicaBackend(RankZeroBackend):
     def _generate_on(self, k: int, prompts: list[list[int]], groups: list[tuple[int, int]],
                      params: SamplingParams) -> CompletionsResult:
         b = self.replicas[k].backend
-        assert b is not None
+        if b is None:  # set aside meanwhile (a sync running beside a generation ahead): re-routed by the caller
+            raise VLLMServerError(f"vLLM replica {k} was set aside")
         return b._generate_main([prompts[i] for start, stop in groups for i in range(start, stop)], params)
 
     # -- weight sync -----------------------------------------------------------------------------------------
-    def _revive(self) -> None:
-        """Take back set-aside replicas that are healthy again: a fresh group; this sync pushes their weights."""
+    def _revive(self) -> list[Replica]:
+        """Set-aside replicas that are healthy again, connected afresh (a new group); they count as up only once
+        this sync has pushed them the current weights, so no prompt reaches one with old weights (a generation
+        running ahead, `generation.max_staleness`, routes only to replicas that are up)."""
+        back: list[Replica] = []
         for r in self.replicas:
             if r.up or not self.failover:
                 continue
@@ -259,14 +263,13 @@ class VLLMReplicaBackend(RankZeroBackend):
             except Exception as exc:
                 logger.warning("vLLM replica %d answers /health but could not be connected again: %s", r.index, exc)
                 continue
-            r.up = True
-            r.rejoins += 1
-            logger.warning("vLLM replica %d is back (rejoin %d): pushing the current weights to it", r.index,
-                           r.rejoins)
+            back.append(r)
+            logger.warning("vLLM replica %d is back: pushing the current weights to it", r.index)
+        return back
 
     def _sync_main(self, it: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self._revive()
-        targets = self.live()
+        back = self._revive()
+        targets = self.live() + back
         if not targets:
             for _ in it:  # the other ranks are walking the same iterator
                 pass
@@ -306,6 +309,12 @@ class VLLMReplicaBackend(RankZeroBackend):
             t.join(max(deadline - time.monotonic(), 0.0))
             if t.is_alive():
                 errors.setdefault(k, WeightSyncError(f"replica {k}'s weight sync did not end"))
+        for r in back:
+            if r.index not in errors:
+                r.up = True
+                r.rejoins += 1
+                logger.warning("vLLM replica %d has the current weights and takes prompts again (rejoin %d)",
+                               r.index, r.rejoins)
         for r in targets:
             if r.index in errors:
                 self._fail(r, errors[r.index], "weight sync")
