@@ -3,11 +3,10 @@
 Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` read)
 -----------------------------------------------------------------------------------
 ``build_plan(loaded: LoadedSpec) -> Plan``
-    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted; the one user
-    error it still raises (``SpecError``) is LG901 ``train.args.<field>``: the trainer arguments do not validate
-    as a ``TrainerConfig``. LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
+    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted and reports
+    no user error itself; LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    Every other rule is a check (``launchgen/rules/``; LG902-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    Every rule is a check (``launchgen/rules/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
     the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
     internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
     predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
@@ -51,11 +50,12 @@ import yaml
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
-from launchgen.issues import Issue, SpecError
+from launchgen.issues import Issue
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.loader import LoadedSpec
+from launchgen.ownership import owned_args
 from launchgen.planmodel import (
     HEALTH_CLIENT_MARGIN_S,
     HEALTH_REQUEST_TIMEOUT_S,
@@ -89,7 +89,7 @@ from launchgen.reserved import is_reserved
 from launchgen.rules.cpuserver import cpu_server_problem
 from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
-from launchgen.trainer_config import build_trainer_config
+from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
 
 # The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
@@ -253,6 +253,7 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
+    _invariant(not owned_args(spec.train.args), "train.args sets a field the spec owns (LG902)")
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
@@ -260,23 +261,16 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _assert_parallel_layout(lay)
 
 
-def _trainer_config(spec: Spec, precision: str, loaded: LoadedSpec) -> TrainerConfig:
-    """The trainer's config; its own validation errors (LG901) carry the YAML line of `train.args.<field>`."""
-    try:
-        return build_trainer_config(spec, precision, spec.job.output_dir.rstrip("/") + "/trainer", loaded)
-    except SpecError as e:
-        raise SpecError([i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
-                         for i in e.issues]) from None
-
-
 def build_plan(loaded: LoadedSpec) -> Plan:
     """The plan of a spec the checks accepted: assembles the parts from the layout and asserts the checks' rules
-    (PlanInvariantError); the only user error left here is LG901, the trainer config's own validation."""
+    (PlanInvariantError, an internal error: run_checks reports every user mistake before calling this)."""
     spec = loaded.spec
     lay = resolve_layout(spec)
     _assert_checked(spec, lay)
     precision = resolve_precision(spec)
-    config = _trainer_config(spec, precision, loaded)
+    config, _ = resolve_trainer_config(spec, loaded)
+    _invariant(config is not None, "train.args does not validate as the trainer's config (LG901)")
+    assert config is not None
     gpus = resolve_gpus(spec)
     batch_log = f"{spec.job.name}-%j.out"
     s = spec.slurm

@@ -176,6 +176,16 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG606", {"train": {"precision": "fp32", "bf16": True}}, "train.bf16", "bf16:", 1, "error"),
     ("LG607", {"train": {"use_liger_kernel": True, "args": {"top_entropy_quantile": 0.2}}},
      "train.args.top_entropy_quantile", "top_entropy_quantile", 1, "error"),
+    ("LG340", {"train": {"args": {"peft": {"target_modules": ["q_proj", "qkv_proj"]}}}},
+     "train.args.peft.target_modules.1", "- qkv_proj", 1, "error"),
+    ("LG341", {"train": {"args": {"peft": {"modules_to_save": ["embeddings"]}}}},
+     "train.args.peft.modules_to_save.0", "- embeddings", 1, "error"),
+    ("LG343", {"train": {"backend": "deepspeed_zero3", "args": {"peft": {"r": 8}}}}, "train.backend",
+     "backend: deepspeed_zero3", 1, "error"),
+    ("LG344", {"train": {"use_liger_kernel": True, "args": {"peft": {"r": 8}}}}, "train.use_liger_kernel",
+     "use_liger_kernel", 1, "error"),
+    ("LG345", {"vllm": {"extra_args": ["--enable-lora"]}, "train": {"args": {"peft": {"r": 8}}}},
+     "vllm.extra_args.0", "- --enable-lora", 1, "warning"),
     ("LG608", {"train": {"use_liger_kernel": True, "args": {"importance_sampling_level": "sequence"}}},
      "train.args.importance_sampling_level", "importance_sampling_level", 1, "error"),
     ("LG609", {"train": {"use_liger_kernel": True, "args": {"entropy_coef": 0.01}}},
@@ -202,6 +212,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG901", {"train": {"args": {"learning_rate": -1}}}, "train.args.learning_rate", "learning_rate", 1, "error"),
     ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
@@ -309,8 +320,9 @@ def test_every_check_code_is_documented_and_tested() -> None:
     assert registered <= set(CODES)
     registered -= {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes}  # test_preflight.py
     # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value;
-    # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py
-    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809"}
+    # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
+    # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 
@@ -339,6 +351,24 @@ def test_plan_errors_become_issues(model_dir: Path) -> None:
     assert issues[0].line is not None
 
 
+def test_trainer_config_is_resolved_before_the_checks(model_dir: Path) -> None:
+    # LG901 is a spec-stage check: reported beside the other spec errors, not only once they are fixed
+    bad = merge(base(model_dir), {"vllm": {"gpus": [0, 1, 2, 9]}, "train": {"args": {"learning_rate": -1}}})
+    plan, issues = run_checks(load_spec_text(render(bad), "spec.yaml"), env={})
+    assert plan is None and {(i.code, i.path) for i in issues if i.severity == "error"} == {
+        ("LG101", "vllm.gpus.3"), ("LG901", "train.args.learning_rate")}
+    # the checks read typed fields with the trainer's own defaults (rloo: num_generations 2)
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(merge(base(model_dir), {"train": {"trainer": "rloo"}})), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 2
+    assert ctx.trainer_cfg.steps_per_generation == ctx.trainer_cfg.gradient_accumulation_steps == 1
+    # an argument the spec owns is left out of the config (LG902 reports it), the rest is still read
+    owned = merge(base(model_dir), {"train": {"args": {"output_dir": "/x", "num_generations": 4}}})
+    ctx = Ctx(load_spec_text(render(owned), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 4
+
+
 @pytest.mark.parametrize(("value", "code"), [("bf16", "LG902"), ("fp16", "LG606")])
 def test_owned_argument_gets_one_message(model_dir: Path, value: str, code: str) -> None:
     # `precision` in train.args is owned by the spec: LG902, or LG606 where it contradicts train.precision
@@ -362,3 +392,11 @@ def test_max_staleness_with_a_server_and_grpo_is_clean(model_dir: Path) -> None:
     loaded = load_spec_text(render(spec), "spec.yaml")
     plan, issues = run_checks(loaded, env={})
     assert issues == [] and plan is not None
+
+
+@pytest.mark.parametrize("row", [c for c in CASES if c[5] == "error" and c[0] != "LG901"], ids=lambda c: c[0])
+def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, row: tuple[Any, ...]) -> None:
+    # the trainer config refuses some of these too (staleness, peft): a check names the field, LG901 stands down
+    code, patch = row[0], row[1]
+    errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
+    assert ("LG901", "train.args") not in errors, (code, errors)

@@ -277,6 +277,9 @@ def test_local_model_path(submit: Path) -> None:
     assert r.exit_code == 0 and " warning " in lines(r, "LG211")[0]
     assert check(spec(model="examples/tiny-model"), "--strict").exit_code == 2
     assert not lines(check(spec(model="Qwen/Qwen2.5-0.5B")), "LG21")
+    # `~user` of no user, and a name too long for a path: reported, never a traceback
+    assert "does not exist" in failed(check(spec(model="~nosuchuser0")), "LG210", "model.name_or_path")
+    failed(check(spec(model="./" + "m" * 300)), "LG210", "model.name_or_path")
 
 
 # ------------------------------------------------------------------------------------------------ setup (--live)
@@ -308,7 +311,8 @@ def test_render_does_not_read_the_data(submit: Path) -> None:
 def test_every_file_check_code_is_tested_here() -> None:
     from launchgen import checks
 
-    source = Path(__file__).read_text()
+    # the peft file checks are tested with the rest of peft's in test_preflight_peft.py
+    source = Path(__file__).read_text() + (Path(__file__).parent / "test_preflight_peft.py").read_text()
     codes = {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes} | {"LG730"}
     assert {c for c in codes if f'"{c}"' not in source} == set()
 

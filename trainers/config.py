@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from launchgen import ports
@@ -276,6 +277,11 @@ class TrainerConfig(_Strict):
         description="Reward functions, summed with their weights (online trainers).",
     )
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    peft: PeftSection | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of the full model (see launchgen.trainers.peft_config); the "
+        "frozen base is loaded in the compute dtype when model.dtype is auto.",
+    )
 
     # algorithm (TRL names)
     num_generations: int | None = Field(
@@ -396,6 +402,11 @@ class TrainerConfig(_Strict):
             refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)
             if refusals:
                 raise ValueError(refusals[0][2])
+        if self.peft is not None:
+            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile,
+                                        hf_engine=self.generation.hf_engine)
+            if errors:
+                raise ValueError(f"peft: {errors[0][1]}")
         return self
 
     @classmethod

@@ -13,7 +13,8 @@ consecutive; a group may span processes) and is used for `steps_per_generation *
 (see `rollout`). SFT's "generation batch" is the next GA micro-batches of examples.
 
 After every optimizer step a backend that needs it receives the full weights (`weights.iter_full_named_params`,
-walked on every rank); a backend that shares the policy's weights skips it (`generation.backends`).
+walked on every rank; with `peft`, the merged adapted modules: `lora`); a backend that shares the policy's weights
+skips it (`generation.backends`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
 from launchgen.trainers.stats import STEP_TOKENS, Stat, StepStats, mean_ignoring_nan, reduce_step
-from launchgen.trainers.weights import iter_full_named_params
+from launchgen.trainers.weights import iter_sync_params
 
 
 class Trainer:
@@ -126,7 +127,14 @@ class Trainer:
         plan = modeling.resolve_compile(cfg, acc.device.type, str(acc.distributed_type.value))
         self.compiled = plan.layers  # generation must then run the layers eagerly
         model = modeling.load_model(cfg, trainable=True, compile=plan)
-        ref = modeling.load_model(cfg, trainable=False, compile=plan) if self.objective.needs_reference else None
+        if cfg.peft is not None:
+            from launchgen.trainers import lora
+
+            lora.check_distributed(acc)
+            model = lora.wrap_policy(model, cfg)
+        # peft: the reference is the policy with its adapters disabled (below), not a second copy
+        needs_ref_copy = self.objective.needs_reference and cfg.peft is None
+        ref = modeling.load_model(cfg, trainable=False, compile=plan) if needs_ref_copy else None
         sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         # The fused CUDA kernel (TRL's default optimizer, `adamw_torch_fused`) updates every tensor in one pass with
         # no temporaries; the foreach path materialises sqrt(v) etc. for all parameters at once (~2x the parameter
@@ -150,6 +158,10 @@ class Trainer:
         acc.register_for_checkpointing(self.scheduler)
         if ref is not None:
             ref = acc.prepare_model(ref, evaluation_mode=True) if sharded else ref.to(acc.device)
+        if cfg.peft is not None:
+            lora.register_adapter_checkpoints(acc, self.model)
+            if self.objective.needs_reference:
+                ref = lora.AdapterOffReference(self.model, acc)
         self.ref_model = ref
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -314,12 +326,17 @@ class Trainer:
         assert self.backend is not None
         t = time.perf_counter()
         with self.source.weight_push(self.global_step):  # generation ahead: finished or paused around the push
-            self.backend.sync_weights(iter_full_named_params(self.model, self.accelerator))
+            self.backend.sync_weights(iter_sync_params(self.model, self.accelerator, self.cfg))
         return time.perf_counter() - t
 
     def save_final(self) -> None:
         acc = self.accelerator
         final = self.out / "final"
+        if self.cfg.peft is not None:
+            from launchgen.trainers import lora
+
+            lora.save_final(acc, self.model, self.tokenizer, final, self.cfg.peft.save_merged)
+            return
         state = acc.get_state_dict(self.model)
         if acc.is_main_process:
             acc.unwrap_model(self.model).save_pretrained(str(final), state_dict=state, safe_serialization=True)

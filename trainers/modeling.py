@@ -30,7 +30,7 @@ from launchgen.trainers.dynamo_config import raise_recompile_limit, recompile_li
 from launchgen.trainers.errors import TrainerSetupError
 from torch.utils.checkpoint import checkpoint
 
-from launchgen.precision import MIXED_PRECISION
+from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -52,6 +52,11 @@ def weight_dtype(cfg: TrainerConfig) -> torch.dtype:
     memory, like TRL with a bf16 checkpoint.
     """
     explicit = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if cfg.model.dtype == "auto" and cfg.peft is not None and not cfg.peft.modules_to_save:
+        # LoRA: the base is frozen, so it needs no fp32 master copy; PEFT keeps the adapters in fp32
+        # (autocast_adapter_dtype), which is what fp16 loss scaling needs. modules_to_save train base modules
+        # in full, so those keep fp32 masters.
+        return explicit[PRECISION_DTYPE[cfg.precision]]
     if cfg.model.dtype != "auto":
         if cfg.model.dtype == "float16" and cfg.precision == "fp16":
             raise TrainerSetupError(
@@ -252,7 +257,8 @@ def resolve_compile(cfg: TrainerConfig, device_type: str, distributed_type: str)
     if c != "auto":
         return CompilePlan(layers=bool(c), head=bool(c))
     cuda = device_type == "cuda"
-    layers = cuda and not cfg.model.use_liger_kernel and distributed_type in ("NO", "MULTI_GPU")
+    # not with peft: the adapters wrap the layers' linears (config.py refuses `compile: true` with it)
+    layers = cuda and not cfg.model.use_liger_kernel and distributed_type in ("NO", "MULTI_GPU") and cfg.peft is None
     return CompilePlan(layers=layers, head=cuda)
 
 

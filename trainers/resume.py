@@ -41,9 +41,17 @@ SHOWN = 6
 _MISSING = object()  # a field one side of a comparison lacks
 
 
+#: Sections added after checkpoints were already being written, left out of the fingerprint while unset (None),
+#: so a checkpoint of an older version (which has no such key) still matches a config that does not use them.
+ADDED_OFF_WHEN_NONE: tuple[str, ...] = ("peft",)
+
+
 def fingerprint(cfg: TrainerConfig) -> dict[str, Any]:
     """The resolved config as JSON, without the fields that may change across a resume."""
     data: dict[str, Any] = cfg.model_dump(mode="json")
+    for key in ADDED_OFF_WHEN_NONE:
+        if data.get(key, 0) is None:
+            del data[key]
     for path in MAY_CHANGE:
         *parents, leaf = path.split(".")
         node: Any = data

@@ -65,6 +65,7 @@ def build_tiny_model(
     vocab_size: int = 512,
     seed: int = 0,
     max_position_embeddings: int = 2048,
+    initializer_range: float = 0.02,
 ) -> Path:
     """Write config.json, weights (safetensors), tokenizer and generation_config.json to `out_dir`."""
     import torch
@@ -85,6 +86,9 @@ def build_tiny_model(
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
+        # transformers' default 0.02 makes the random LM head's logits nearly flat; tests that train only
+        # adapters on the decoder layers need a head that can express a preference (see tests/trainers/test_lora.py)
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model: Qwen2ForCausalLM | LlamaForCausalLM

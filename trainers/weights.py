@@ -54,3 +54,15 @@ def iter_full_named_params(model: torch.nn.Module, accelerator: Any = None) -> I
             if hasattr(t, "full_tensor"):  # FSDP2 / TP DTensor
                 t = t.full_tensor()
             yield clean_name(name), t
+
+
+def iter_sync_params(
+    model: torch.nn.Module, accelerator: Any, cfg: Any, full: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a separate generation engine receives after an optimizer step: all weights, or with `peft` the
+    merged adapted modules (`full`: every weight, merged; see `lora.iter_sync_params`)."""
+    if getattr(cfg, "peft", None) is not None:
+        from launchgen.trainers import lora
+
+        return lora.iter_sync_params(model, accelerator, full=full)
+    return iter_full_named_params(model, accelerator)

@@ -116,8 +116,10 @@ def _max_model_len(ctx: Ctx) -> tuple[int | None, str]:
     v = ctx.spec.vllm
     if v is not None and v.max_model_len is not None:
         return v.max_model_len, "vllm.max_model_len"
-    mml = ctx.int_arg("generation.vllm_colocate.max_model_len")
-    return mml, "train.args.generation.vllm_colocate.max_model_len"
+    # an argument the spec owns (LG902), but still the length vLLM would be asked for
+    mml = ctx.arg("generation.vllm_colocate.max_model_len")
+    return (mml if isinstance(mml, int) and not isinstance(mml, bool) else None), \
+        "train.args.generation.vllm_colocate.max_model_len"
 
 
 @check("LG206", "LG207")
@@ -127,8 +129,9 @@ def max_model_len_fits(ctx: Ctx) -> Iterator[Issue]:
     mml, path = _max_model_len(ctx)
     if mml is None:
         return
-    prompt = ctx.int_arg("data.max_prompt_length")
-    completion = ctx.int_arg("generation.max_completion_length", 256)
+    tc = ctx.trainer_cfg  # the trainer's own values and defaults (None: LG901 reports the config)
+    prompt = tc.data.max_prompt_length if tc is not None else None
+    completion = tc.generation.max_completion_length if tc is not None else None
     if prompt is not None and completion is not None and prompt + completion > mml:
         yield ctx.issue("LG206", path,
                         f"max_model_len {mml} < max_prompt_length {prompt} + max_completion_length {completion} "

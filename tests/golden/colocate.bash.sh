@@ -167,7 +167,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_E1D696F9C8ED921F
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_101AB06C30AE58CD'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CE6B955D8C054FAF'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -236,6 +236,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.05
 loss_type: dapo
@@ -271,7 +272,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_101AB06C30AE58CD
+LAUNCHGEN_EOF_CE6B955D8C054FAF
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

@@ -186,7 +186,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_B06EA3AAA8E28193
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_46F91EB9B086CADC'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_12E8260C5C77F1ED'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -258,6 +258,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 4
 beta: 0.0
 loss_type: dapo
@@ -292,7 +293,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_46F91EB9B086CADC
+LAUNCHGEN_EOF_12E8260C5C77F1ED
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -192,7 +192,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_74BF257607063EB9
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_66A6471D609849DB'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_62C85985B4E0D1F5'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -261,6 +261,7 @@ generation:
     sequence_reduction: sum
   max_staleness: 0
   in_flight_at_push: finish
+peft: null
 num_generations: 8
 beta: 0.0
 loss_type: dapo
@@ -296,7 +297,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_66A6471D609849DB
+LAUNCHGEN_EOF_62C85985B4E0D1F5
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -58,7 +58,10 @@ def _static_cache_fits(cfg: TrainerConfig, accelerator: Any, model: Any) -> bool
 def _hf(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     engine = cfg.generation.hf_engine
     if engine == "auto":
-        engine = "static_cache" if _static_cache_fits(cfg, accelerator, model) else "generate"
+        # peft: the static-cache engine decodes from plain weights, not through the adapters (config.py refuses
+        # an explicit static_cache with peft)
+        fits = cfg.peft is None and _static_cache_fits(cfg, accelerator, model)
+        engine = "static_cache" if fits else "generate"
     if engine == "static_cache":
         from launchgen.trainers.generation.fast_generate import FastGenerateBackend
 
@@ -80,11 +83,11 @@ def _vllm_server(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: An
 
 def _vllm_colocate(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     from launchgen.trainers.generation.vllm_colocate import VLLMColocateBackend
-    from launchgen.trainers.weights import iter_full_named_params
+    from launchgen.trainers.weights import iter_sync_params
 
-    # With sleep mode the engine drops its weights; it re-pulls them through this after waking.
+    # With sleep mode the engine drops its weights; it re-pulls them (all of them, merged under peft) after waking.
     return VLLMColocateBackend.from_config(
-        cfg, accelerator, model, named_params_fn=lambda: iter_full_named_params(model, accelerator)
+        cfg, accelerator, model, named_params_fn=lambda: iter_sync_params(model, accelerator, cfg, full=True)
     )
 
 

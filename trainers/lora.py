@@ -1,0 +1,285 @@
+"""LoRA (PEFT) training: the wrapped policy, the adapter-off reference, merged-weight sync and adapter checkpoints.
+
+* `wrap_policy`: PEFT's LoRA on the loaded policy (or a saved adapter, `peft.adapter_path`); only the adapters
+  (and `modules_to_save`) require grad, so only they get gradients and optimizer state (`core` builds the
+  optimizer from `requires_grad` parameters).
+* `AdapterOffReference`: the reference model for beta > 0 is the policy itself inside PEFT's `disable_adapter()`
+  (the frozen base), so no second copy of the weights is loaded.
+* `iter_sync_params`: what the vLLM server (or the colocated engine) receives after every optimizer step. The way
+  chosen is merged weights of the adapted modules only, not vLLM's runtime LoRA loading: the server then runs
+  its ordinary dense kernels with no `--enable-lora` flags, max-rank limits or adapter-switching cost, the
+  weight-transfer path is the one full fine-tuning uses (and its tests), and each step moves the adapted
+  modules only (all-linear skips the embeddings, the LM head and the norms). Each merged weight is computed
+  out of place with PEFT's own merge arithmetic (`W += get_delta_weight()`, i.e. W + scaling * B @ A in the
+  weight's dtype), so the bits equal `merge_and_unload()`'s while the trainer's base weights are never touched:
+  merging in place and unmerging would drift the frozen base by a rounding error per step in bf16. A module of
+  one of vLLM's fused groups (q/k/v -> qkv_proj, gate/up -> gate_up_proj) is sent with its whole group.
+  `full=True` (a colocated engine waking from level-2 sleep, which dropped its weights) sends every parameter.
+* `register_adapter_checkpoints`: accelerate's checkpoints hold the trainable tensors only (the frozen base is
+  the model on disk); resuming loads them back strictly, with optimizer, scheduler and RNG as before.
+* `save_final`: `final/` is the adapter (PEFT format) and, with `peft.save_merged`, `final/merged` the merged model.
+
+Supported: one process and DDP. FSDP and DeepSpeed are refused at set-up (and by `launchgen check`, LG343): the
+merged sync and the adapter-only checkpoints read whole, unsharded parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.peft_config import ALL_LINEAR, FUSED_GROUPS, PeftSection, matches
+from launchgen.trainers.weights import clean_name
+
+ADAPTER = "default"
+#: accelerate's weight file of the first prepared model (`save_accelerator_state`, safetensors).
+_MODEL_FILE = "model.safetensors"
+
+
+def _import_peft() -> Any:
+    try:
+        import peft
+    except ImportError as e:
+        raise TrainerSetupError(
+            "peft is set but the peft package is not installed: pip install 'launchgen[train]' (peft==0.21.2)"
+        ) from e
+    return peft
+
+
+def check_distributed(accelerator: Any) -> None:
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise TrainerSetupError(
+            f"peft (LoRA) is supported with one process or DDP, not {accelerator.distributed_type.value}: the "
+            "merged-weight sync and adapter checkpoints read unsharded parameters; use train.backend: ddp "
+            "(LoRA's optimizer state is small, sharding it gains little)"
+        )
+
+
+# --------------------------------------------------------------------------------------------------- wrap
+
+
+def wrap_policy(model: torch.nn.Module, cfg: TrainerConfig) -> Any:
+    """The PEFT model around `model`: new adapters from `cfg.peft`, or the saved ones at `peft.adapter_path`."""
+    peft = _import_peft()
+    p = cfg.peft
+    assert p is not None
+    if p.adapter_path is not None:
+        wrapped = _load_adapter(peft, model, p)
+    else:
+        lc = peft.LoraConfig(
+            r=p.r, lora_alpha=p.lora_alpha, lora_dropout=p.lora_dropout, target_modules=p.target_modules,
+            modules_to_save=list(p.modules_to_save) or None, bias="none", task_type="CAUSAL_LM",
+        )
+        try:
+            wrapped = peft.get_peft_model(model, lc)
+        except ValueError as e:
+            raise TrainerSetupError(f"peft.target_modules: {str(e).strip().splitlines()[0]}") from e
+    _check_targets(wrapped, p)
+    return wrapped
+
+
+def _load_adapter(peft: Any, model: torch.nn.Module, p: PeftSection) -> Any:
+    path = Path(p.adapter_path or "")
+    if not (path / "adapter_config.json").is_file():
+        raise TrainerSetupError(f"peft.adapter_path {str(path)!r} holds no adapter_config.json (a saved PEFT adapter)")
+    try:
+        wrapped = peft.PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise TrainerSetupError(f"peft.adapter_path {str(path)!r}: cannot load the adapter ({e})") from e
+    saved = wrapped.peft_config[ADAPTER]
+    theirs = {"r": saved.r, "lora_alpha": saved.lora_alpha,
+              "target_modules": saved.target_modules if isinstance(saved.target_modules, str)
+              else sorted(saved.target_modules or []),
+              "modules_to_save": sorted(saved.modules_to_save or [])}
+    ours = {"r": p.r, "lora_alpha": p.lora_alpha,
+            "target_modules": p.target_modules if isinstance(p.target_modules, str) else sorted(p.target_modules),
+            "modules_to_save": sorted(p.modules_to_save)}
+    differ = [k for k in theirs if k in p.model_fields_set and theirs[k] != ours[k]]
+    if differ:
+        shown = ", ".join(f"{k}: {ours[k]!r} here, {theirs[k]!r} saved" for k in differ)
+        raise TrainerSetupError(f"peft.adapter_path {str(path)!r}: the saved adapter disagrees ({shown}); "
+                                "remove those fields or make them equal")
+    return wrapped
+
+
+def _lora_layers(base: torch.nn.Module) -> dict[str, Any]:
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+
+
+def _check_targets(wrapped: Any, p: PeftSection) -> None:
+    """Every target entry adapts at least one module, and each adapted module is a plain linear (PEFT itself
+    errors only when no entry matches anything, and would adapt embeddings or convolutions too)."""
+    layers = _lora_layers(wrapped.get_base_model())
+    if not layers:
+        raise TrainerSetupError("peft.target_modules matches no module of the model")
+    for name, m in layers.items():
+        if not isinstance(m.get_base_layer(), torch.nn.Linear):
+            raise TrainerSetupError(f"peft.target_modules: {name} is a {type(m.get_base_layer()).__name__}, not a "
+                                    "linear layer; LoRA is supported on linear layers only")
+    if p.adapter_path is None and p.target_modules != ALL_LINEAR:
+        for entry in p.target_modules:
+            if not any(matches(entry, n) for n in layers):
+                raise TrainerSetupError(f"peft.target_modules entry {entry!r} matches no linear layer of the model")
+
+
+def trainable_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = trainable = 0
+    for p in model.parameters():
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return trainable, total
+
+
+# ---------------------------------------------------------------------------------------------- reference
+
+
+class AdapterOffReference(torch.nn.Module):
+    """Called like a model: the prepared policy's forward with every adapter disabled (the frozen base).
+
+    Used without gradients only (reference log-probs), so it calls the unwrapped PEFT model directly, past DDP.
+    A module (accelerate's unwrapping walks `_modules`) that does not register the policy as a child, so it
+    owns no parameters of its own."""
+
+    def __init__(self, policy: Any, accelerator: Any) -> None:
+        super().__init__()
+        self.__dict__["policy"] = policy
+        self.__dict__["accelerator"] = accelerator
+
+    @property
+    def _launchgen_logp_head(self) -> Any:  # what `modeling.get_logp_head` looks up
+        from launchgen.trainers.modeling import get_logp_head
+
+        return get_logp_head(self.__dict__["policy"])
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        acc: Any = self.__dict__["accelerator"]
+        inner = acc.unwrap_model(self.__dict__["policy"])
+        with inner.disable_adapter():
+            return inner(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------- sync
+
+
+def _base_of(model: Any, accelerator: Any) -> torch.nn.Module:
+    inner = accelerator.unwrap_model(model) if accelerator is not None else model
+    base: torch.nn.Module = inner.get_base_model()
+    return base
+
+
+@torch.no_grad()
+def merged_weight(layer: Any) -> torch.Tensor:
+    """W + scaling * B @ A exactly as PEFT's (non-safe) merge writes it into W, without touching W."""
+    w = layer.get_base_layer().weight.detach().clone()
+    w += layer.get_delta_weight(ADAPTER)
+    return w
+
+
+def _sent_linears(base: torch.nn.Module) -> list[str]:
+    """Names of the linear modules whose weights change: the adapted ones, each with its whole fused group."""
+    modules = dict(base.named_modules())
+    adapted = set(_lora_layers(base))
+    sent = set(adapted)
+    for name in adapted:
+        parent, _, leaf = name.rpartition(".")
+        for group in FUSED_GROUPS:
+            if leaf in group:
+                sent.update(f"{parent}.{g}" for g in group if f"{parent}.{g}" in modules)
+    return [n for n in modules if n in sent]  # named_modules order: the same on every rank and every step
+
+
+def _saved_modules(base: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    from peft.utils import ModulesToSaveWrapper
+
+    return [(n, m.modules_to_save[ADAPTER]) for n, m in base.named_modules() if isinstance(m, ModulesToSaveWrapper)]
+
+
+def _linear_params(name: str, module: Any, lora: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    if name in lora:
+        yield clean_name(f"{name}.weight"), merged_weight(module)
+        bias = getattr(module.get_base_layer(), "bias", None)
+    else:
+        yield clean_name(f"{name}.weight"), module.weight.detach()
+        bias = getattr(module, "bias", None)
+    if bias is not None:
+        yield clean_name(f"{name}.bias"), bias.detach()
+
+
+def iter_sync_params(model: Any, accelerator: Any = None, full: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(base parameter name, tensor) of what the generation engine must receive; see the module docstring."""
+    base = _base_of(model, accelerator)
+    lora = _lora_layers(base)
+    if full:
+        yield from _iter_all_merged(base, lora)
+        return
+    modules = dict(base.named_modules())
+    for name in _sent_linears(base):
+        yield from _linear_params(name, modules[name], lora)
+    for name, module in _saved_modules(base):
+        for pname, p in module.named_parameters():
+            yield clean_name(f"{name}.{pname}"), p.detach()
+
+
+def _iter_all_merged(base: torch.nn.Module, lora: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, p in base.named_parameters():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        if ".base_layer." in name:
+            owner, _, leaf = name.partition(".base_layer.")
+            if leaf == "weight" and owner in lora:
+                yield clean_name(f"{owner}.weight"), merged_weight(lora[owner])
+                continue
+            name = f"{owner}.{leaf}"
+        yield clean_name(name.replace(f".modules_to_save.{ADAPTER}.", ".")), p.detach()
+
+
+# -------------------------------------------------------------------------------------------- checkpoints
+
+
+def register_adapter_checkpoints(accelerator: Any, model: Any) -> None:
+    """accelerate's save_state writes only `model`'s trainable tensors; load_state reads them back strictly."""
+    keys = {n for n, p in model.named_parameters() if p.requires_grad}
+
+    def save_hook(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, m in enumerate(models):
+            if m is model and i < len(weights):
+                weights[i] = {k: v for k, v in weights[i].items() if k in keys}
+
+    def load_hook(models: list[Any], input_dir: str) -> None:
+        from safetensors.torch import load_file
+
+        if not models or models[0] is not model:
+            raise RuntimeError("peft checkpoints expect the policy as the only prepared model")
+        models.pop(0)  # loaded here: accelerate's strict load would miss the frozen base
+        state = load_file(str(Path(input_dir) / _MODEL_FILE), device=str(accelerator.device))
+        if set(state) != keys:
+            missing, extra = sorted(keys - set(state))[:3], sorted(set(state) - keys)[:3]
+            raise TrainerSetupError(f"resume: {input_dir} does not hold this run's adapter (missing {missing}, "
+                                    f"unexpected {extra}); set resume: never to start fresh")
+        result = model.load_state_dict(state, strict=False)
+        assert not result.unexpected_keys, result.unexpected_keys
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def save_final(accelerator: Any, model: Any, tokenizer: Any, final: Path, save_merged: bool) -> None:
+    """`final/`: the adapter and tokenizer; `final/merged`: base + adapter merged (in place: the run is over)."""
+    if accelerator.is_main_process:
+        inner = accelerator.unwrap_model(model)
+        inner.save_pretrained(str(final), safe_serialization=True)
+        tokenizer.save_pretrained(str(final))
+        if save_merged:
+            merged = inner.merge_and_unload()
+            merged.save_pretrained(str(final / "merged"), safe_serialization=True)
+            tokenizer.save_pretrained(str(final / "merged"))
+    accelerator.wait_for_everyone()
