@@ -5,7 +5,6 @@ completes every step."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,10 @@ def test_killed_replica_step_is_restarted_and_the_run_completes(
     spec = spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-replicas", port=18800,
                     max_steps=steps_wanted, rewards=["slurm_rewards:slow_first_attempt"],
                     server_env={"LAUNCHGEN_STANDIN_QUIET": "0"}, trainer_env={"SLURMTEST_REWARD_SLEEP": "1.0"})
-    spec["vllm"].update({"tensor_parallel_size": 2, "replicas": 2, "restart_replicas": True})
+    # replica k listens on port + k and hosts its group on group_port + k: keep them apart from the main port
+    spec["vllm"].update({"tensor_parallel_size": 2, "replicas": 2, "restart_replicas": True, "port": 18800,
+                         "group_port": 18803})
+    spec["train"]["main_process_port"] = 18802
     j = run_job(cluster, spec, work)
     jobs.append(j)
     metrics = j.job_dir / "trainer" / "metrics.jsonl"
@@ -44,4 +46,5 @@ def test_killed_replica_step_is_restarted_and_the_run_completes(
     assert_no_survivors(cluster, j)
     # `launchgen status` tells the restart
     st = _status_json(j)
-    assert "replica 1 died" in json.dumps(st), st
+    assert "vLLM replica 1: healthy, restarted 1 time(s)" in st["notes"], st["notes"]
+    assert [(r["index"], r["state"], r["restarts"]) for r in st["replicas"]] == [(0, "healthy", 0), (1, "healthy", 1)]

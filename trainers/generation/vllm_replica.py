@@ -6,7 +6,8 @@ its own weight-transfer group on its own `group_port`); `RankZeroBackend` keeps 
 Routing: the prompts of one generation call are cut into prompt groups (the `num_generations` consecutive copies
 of one prompt, or single prompts), and every group goes whole to one replica, so the replica's prefix cache
 serves all its samples. Groups are placed greedily on the replica with the least estimated work so far
-(prompt + completion tokens); the replicas then generate concurrently and the rows come back in input order.
+(prompt + completion tokens, carried over from call to call); the replicas then generate concurrently and the rows
+come back in input order.
 
 Weight sync: rank 0 pulls the named-parameter iterator once (under FSDP/ZeRO-3 each `next()` is a collective),
 takes a private copy of each tensor (the iterator only guarantees it until its next step) and hands the same copy
@@ -69,7 +70,7 @@ class Replica:
     #: times this replica was taken back after failing (the script restarted it)
     rejoins: int = 0
     last_error: str = ""
-    #: estimated tokens routed to it in the current call (the load the router balances)
+    #: estimated tokens routed to it, relative to the least loaded live replica (the load the router balances)
     load: int = 0
     routed_groups: int = field(default=0)
 
@@ -215,7 +216,13 @@ class VLLMReplicaBackend(RankZeroBackend):
             live = self.live()
             if not live:
                 raise VLLMServerError("no vLLM replica is up to generate")
-            plan = assign(pending, all_prompts, params.max_tokens, {r.index: 0 for r in live})
+            # the load carried over from earlier calls, so a call of one prompt group does not always land on the
+            # same replica; relative to the least loaded, so a replica that rejoins is not flooded
+            base = min(r.load for r in live)
+            loads = {r.index: r.load - base for r in live}
+            plan = assign(pending, all_prompts, params.max_tokens, loads)
+            for r in live:
+                r.load = loads[r.index]
             jobs: dict[int, Callable[[], Any]] = {
                 k: partial(self._generate_on, k, all_prompts, groups, params) for k, groups in plan.items() if groups
             }
