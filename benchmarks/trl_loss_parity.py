@@ -7,7 +7,11 @@ scratch venv: `python -m venv --system-site-packages /tmp/v && /tmp/v/bin/pip in
 
 Every loss type x beta x (old log-probs) x (IS ratio) x (KL bias correction), dapo under gradient accumulation
 (GA 4, SPG 2, N spanning the generation batch), and RLOO; left padding, temperature 0.8. Prints both losses and
-the worst relative gradient difference per case, then PASS (all < 1e-5) or FAIL.
+the worst relative gradient difference per case, then PASS (all < 1e-5) or FAIL. The GRPOConfig loss options
+(GSPO, cispo/sapo/luspo/vespo, delta, entropy masking and bonus, the off-policy mask) and their logged metrics are
+compared in `benchmarks/trl_options_parity.py`, the generation batch's advantages (`multi_objective_aggregation`,
+`scale_rewards`) and metrics (num_tokens, completions/*, rewards) in `benchmarks/trl_rollout_parity.py`; both run
+from here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import warnings
 from typing import Any
 
 import torch
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+import trl_options_parity as options
+import trl_rollout_parity as rollout
 
 T = 0.8
 B, P, C, V = 4, 5, 7, 500
@@ -138,7 +146,15 @@ def main(model_dir: str) -> int:
         worst = max(worst, gd)
         print(f"RLOO old={with_old!s:5} loss trl={l_trl.item():+.8f} ours={l_me.item():+.8f} grad rel={gd:.1e}")
     print(f"worst relative gradient difference {worst:.2e}")
-    ok = worst < 1e-5
+    samp = (base + 0.15 * torch.randn_like(base)) * completion_mask
+    samp[3, 2] = float("nan")  # a token the sampler gave no log-prob for
+    fx = options.Fixture(model_dir, out, T, batch, old, ref, isr, samp, ds, rew, mine, _grads, _rel)
+    worst_opt, worst_metric, failed = options.run(fx)
+    print(f"options: worst relative gradient difference {worst_opt:.2e}, worst metric difference "
+          f"{worst_metric:.2e}, {failed} failed")
+    worst_rollout, failed_rollout = rollout.run(model_dir)
+    print(f"rollout: worst advantage/metric difference {worst_rollout:.2e}, {failed_rollout} failed")
+    ok = worst < 1e-5 and failed == 0 and failed_rollout == 0
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -59,6 +59,7 @@ from launchgen.rules.runner import apply_strict, codes_markdown, has_errors, run
 # a module: add yours on its own line).
 from launchgen import preflight as _preflight  # noqa: F401
 from launchgen import static_checks as _static_checks  # noqa: F401
+from launchgen import loopchecks as _loopchecks  # noqa: F401
 # isort: on
 
 __all__ = [

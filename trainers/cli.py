@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from launchgen.trainers.algorithm_options import ordered_keys
 from launchgen.trainers.config import TrainerConfig, apply_override
 from launchgen.trainers.errors import TrainerSetupError
 from pydantic import BaseModel
@@ -69,7 +70,8 @@ def _section(model: Any, field: Any) -> type[BaseModel] | None:
 def field_rows(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(dotted path, type, default, description) of every leaf field; a list of models shows its items as `x[].y`."""
     rows: list[tuple[str, str, str, str]] = []
-    for name, field in model.model_fields.items():
+    for name in ordered_keys(list(model.model_fields)):  # the GRPO options next to the algorithm knobs
+        field = model.model_fields[name]
         path = prefix + name
         sub = _section(model, field)
         if sub is not None and typing.get_origin(field.annotation) is list:

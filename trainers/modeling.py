@@ -386,6 +386,16 @@ def _chunk_logps(
     return logps, entropy
 
 
+def _chunk_logps_entropy_grad(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, inv_t: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunk_logps` with the entropy differentiable: GRPO's entropy bonus (`entropy_coef`) optimises it."""
+    logits = F.linear(hidden, weight, bias).float() * inv_t
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logps = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
+    return logps, -(logp_all.exp() * logp_all).sum(-1)
+
+
 @dataclass
 class _HeadState:
     mode: str | None = None
@@ -394,19 +404,23 @@ class _HeadState:
     liger_loss: Any = None
     liger_kwargs: dict[str, Any] = field(default_factory=dict)
     entropy: torch.Tensor | None = None
+    #: The entropy carries a gradient (the entropy bonus); the fused ChunkedLogps path then stands down.
+    entropy_grad: bool = False
     liger_metrics: list[torch.Tensor] = field(default_factory=list)
 
 
 @functools.cache
-def _compiled_chunk(backend: str) -> Any:
+def _compiled_chunk(backend: str, entropy_grad: bool = False) -> Any:
     recompile_limit_name()  # un-hide the limit dynamo reads on every compile
-    return torch.compile(_chunk_logps, dynamic=None, backend=backend)
+    return torch.compile(_chunk_logps_entropy_grad if entropy_grad else _chunk_logps, dynamic=None, backend=backend)
 
 
-def _chunk_fn(compiled: bool) -> Any:
+def _chunk_fn(compiled: bool, entropy_grad: bool = False) -> Any:
     """`_chunk_logps`, compiled once per process and backend when asked (fuses the upcast, 1/T, log-softmax, gather
     and entropy into a few kernels over the fp32 chunk instead of a round trip to memory each)."""
-    return _compiled_chunk(COMPILE_BACKEND) if compiled else _chunk_logps
+    if compiled:
+        return _compiled_chunk(COMPILE_BACKEND, entropy_grad)
+    return _chunk_logps_entropy_grad if entropy_grad else _chunk_logps
 
 
 class LogpHead:
@@ -437,7 +451,7 @@ class LogpHead:
             st.liger_metrics = list(metrics)
             return loss
         assert st.targets is not None
-        if self.fused and self.compiled:
+        if self.fused and self.compiled and not st.entropy_grad:
             logps, entropy = chunked_logps(h, weight, bias, st.targets, st.temperature, self.chunk_elements,
                                            compiled=self.compiled, backend=COMPILE_BACKEND)
             st.entropy = entropy
@@ -447,7 +461,7 @@ class LogpHead:
         vocab = weight.shape[0]
         step = max(1, self.chunk_elements // max(1, bsz * vocab))
         logps, ents = [], []
-        fn = _chunk_fn(self.compiled)
+        fn = _chunk_fn(self.compiled, st.entropy_grad)
         for s in range(0, c, step):
             args = (h[:, s : s + step], weight, bias, st.targets[:, s : s + step], inv_t)
             if torch.is_grad_enabled():
@@ -460,8 +474,8 @@ class LogpHead:
         return torch.cat(logps, dim=1)
 
     @contextlib.contextmanager
-    def logp_mode(self, targets: torch.Tensor, temperature: float) -> Iterator[_HeadState]:
-        self.state = _HeadState(mode="logps", targets=targets, temperature=temperature)
+    def logp_mode(self, targets: torch.Tensor, temperature: float, entropy_grad: bool = False) -> Iterator[_HeadState]:
+        self.state = _HeadState(mode="logps", targets=targets, temperature=temperature, entropy_grad=entropy_grad)
         try:
             yield self.state
         finally:
@@ -506,13 +520,15 @@ def per_token_logps(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     temperature: float,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, C) fp32 log-probs of the completion tokens and (B, C) entropies (no grad); both 0 where masked."""
+    """(B, C) fp32 log-probs of the completion tokens and (B, C) entropies (with gradient only when
+    `entropy_grad`); both 0 where masked."""
     head = get_logp_head(model)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     c = completion_ids.size(1)
-    with head.logp_mode(completion_ids, temperature) as st:
+    with head.logp_mode(completion_ids, temperature, entropy_grad) as st:
         out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=c + 1, use_cache=False)
         entropy = st.entropy
     logps = out.logits

@@ -36,7 +36,7 @@ from launchgen.trainers.rewards import LoadedReward, load_rewards, score
 #: Prompts are left-padded (kept whole); completions right-padded, so a pass keeps only its longest row's columns.
 RL_LAYOUT = RowLayout(
     ids_key="completion_ids", mask_key="completion_mask", fixed_key="prompt_ids", fixed_mask_key="prompt_mask",
-    trim_keys=("completion_ids", "completion_mask", "old_logps", "ref_logps", "is_ratio"),
+    trim_keys=("completion_ids", "completion_mask", "old_logps", "ref_logps", "is_ratio", "sampling_logps"),
 )
 
 
@@ -57,9 +57,12 @@ class Rollout:
         self._version = 0  # optimizer steps in the weights the server holds
         self.rows = load_rows(cfg.data)
         self.sampler = PromptSampler(len(self.rows), cfg.seed, cfg.data.shuffle)
-        self.rewards: list[LoadedReward] = load_rewards(cfg.rewards)
+        self.rewards: list[LoadedReward] = load_rewards(cfg.rewards, accelerator.device)
         self.reward_weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self._prompt_cache: dict[int, list[int]] = {}
+        #: Prompt + completion tokens generated so far, all processes (TRL's num_input_tokens_seen: `num_tokens`).
+        self.num_tokens = 0
+        self.rows_per_batch = self.geometry.global_gen // self.geometry.G  # prompts one generation batch draws
 
     def after_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -81,12 +84,14 @@ class Rollout:
 
     def state_dict(self) -> dict[str, Any]:
         # A synchronous run's state is unchanged; an async one first finishes and records what is in flight.
-        if self.ahead is None:
-            return {"sampler": self.sampler.state_dict()}
-        return {"sampler": self.sampler.state_dict(), "ahead": self.ahead.state_dict()}
+        state: dict[str, Any] = {"sampler": self.sampler.state_dict(), "num_tokens": self.num_tokens}
+        if self.ahead is not None:
+            state["ahead"] = self.ahead.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+        self.num_tokens = int(state.get("num_tokens", 0))  # checkpoints before the counter existed start at 0
         self._version = int(state.get("global_step", 0))
         if self.ahead is not None:
             if "ahead" in state:
@@ -173,16 +178,21 @@ class Rollout:
 
         t2 = time.perf_counter()
         old, ref = self._generation_logps(t)
-        if self.objective.uses_importance_sampling:
+        obj = self.objective
+        wants_samp = obj.uses_importance_sampling or obj.keeps_sampling_logps
+        samp = self._sampling_logps(out, mask) if wants_samp and out.logprobs is not None else None
+        if obj.uses_importance_sampling:
             assert old is not None
-            t["is_ratio"] = self._importance_sampling(old, out, mask, metrics)
+            t["is_ratio"] = self._importance_sampling(old, samp, mask, metrics)
+        if obj.keeps_sampling_logps and samp is not None:
+            t["sampling_logps"] = samp
         trunc_all = self._gather(truncated.float())
         scored = ScoredRollout(t, rewards, old, ref, mask, trunc_all, self.accelerator.process_index, metrics,
-                               self.accelerator, self._gather)
+                               self.accelerator, self._gather, rpf, self.reward_weights.to(rpf.device))
         std_is_zero = self.objective.prepare(scored)
         metrics["time/score"] += time.perf_counter() - t2
         t["num_items_in_batch"] = self._gather(mask.sum().reshape(1).float()).sum()
-        self._completion_metrics(out.completion_ids, trunc_all, metrics)
+        self._completion_metrics(prompt_ids, out.completion_ids, trunc_all, metrics)
         self._reward_metrics(rpf, rewards, std_is_zero, metrics)
         return self._split(t), metrics
 
@@ -282,19 +292,23 @@ class Rollout:
             outs.append(lp)
         return torch.cat(outs, 0)
 
+    def _sampling_logps(self, out: GenerationOutput, mask: torch.Tensor) -> torch.Tensor:
+        """The sampler's per-token log-probs as a (B, C) tensor: 0.0 past a completion, NaN where it gave none."""
+        assert out.logprobs is not None
+        samp_rows = [[math.nan if x is None else float(x) for x in row] for row in out.logprobs]
+        samp = pad_rows(samp_rows, 0, left=False, dtype=torch.float32).to(self.accelerator.device)
+        width = mask.size(1)
+        return samp[:, :width] if samp.size(1) >= width else torch.nn.functional.pad(samp, (0, width - samp.size(1)))
+
     def _importance_sampling(
-        self, old: torch.Tensor, out: GenerationOutput, mask: torch.Tensor, metrics: dict[str, float]
+        self, old: torch.Tensor, samp: torch.Tensor | None, mask: torch.Tensor, metrics: dict[str, float]
     ) -> torch.Tensor:
         """The correction for the sampler's log-probs differing from the trainer's, and its statistics."""
-        if out.logprobs is None:
+        if samp is None:
             raise TrainerSetupError(
                 "generation.importance_sampling.enabled needs per-token log-probs from the backend; "
                 "it returned none (disable the correction or fix the backend)"
             )
-        samp_rows = [[math.nan if x is None else float(x) for x in row] for row in out.logprobs]
-        samp = pad_rows(samp_rows, 0, left=False, dtype=torch.float32).to(self.accelerator.device)
-        width = mask.size(1)
-        samp = samp[:, :width] if samp.size(1) >= width else torch.nn.functional.pad(samp, (0, width - samp.size(1)))
         isc = self.cfg.generation.importance_sampling
         res = grpo_alg.importance_sampling_ratio(
             old, samp, mask, isc.mode, isc.clip_min, isc.clip_max, isc.sequence_reduction
@@ -307,16 +321,25 @@ class Rollout:
         metrics["sampling/importance_sampling_ratio/max"] = g(res.ratio_max.reshape(1)).max().item()
         return res.ratio
 
-    def _completion_metrics(self, comp_ids: list[list[int]], trunc_all: torch.Tensor, metrics: dict[str, float]) -> None:
-        lengths = self._gather(torch.tensor([len(c) for c in comp_ids], device=self.accelerator.device,
-                                            dtype=torch.float32))
+    def _completion_metrics(self, prompt_ids: list[list[int]], comp_ids: list[list[int]], trunc_all: torch.Tensor,
+                            metrics: dict[str, float]) -> None:
+        """TRL's `num_tokens` and `completions/*` (lengths in tokens over all processes; the terminated ones are
+        those that ended before max_completion_length, 0 when none did, as TRL logs)."""
+        dev = self.accelerator.device
+        lengths = self._gather(torch.tensor([len(c) for c in comp_ids], device=dev, dtype=torch.float32))
+        prompt_tokens = self._gather(torch.tensor([sum(len(p) for p in prompt_ids)], device=dev, dtype=torch.float64))
+        self.num_tokens += int(prompt_tokens.sum().item() + lengths.sum().item())
+        metrics["num_tokens"] = float(self.num_tokens)
         metrics["completions/mean_length"] = lengths.mean().item()
         metrics["completions/min_length"] = lengths.min().item()
         metrics["completions/max_length"] = lengths.max().item()
         metrics["completions/clipped_ratio"] = trunc_all.mean().item()
         term = lengths[trunc_all == 0]
-        if term.numel():
-            metrics["completions/mean_terminated_length"] = term.mean().item()
+        if not term.numel():
+            term = torch.zeros(1, device=dev)
+        metrics["completions/mean_terminated_length"] = term.mean().item()
+        metrics["completions/min_terminated_length"] = term.min().item()
+        metrics["completions/max_terminated_length"] = term.max().item()
 
     def _reward_metrics(
         self, rpf: torch.Tensor, rewards: torch.Tensor, std_is_zero: torch.Tensor | None, metrics: dict[str, float]

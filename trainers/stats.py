@@ -78,6 +78,15 @@ def mean_ignoring_nan(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
+#: Running totals: a logging window reports the latest value, not the mean of its steps (TRL replaces, not appends).
+LATEST_KEYS = frozenset({"num_tokens"})
+
+
+def window_value(key: str, values: list[float]) -> float:
+    """What a logging window reports for `key` from its steps' values (as TRL: the mean, NaN ignored)."""
+    return values[-1] if key in LATEST_KEYS and values else mean_ignoring_nan(values)
+
+
 def reduce_step(
     stats: StepStats, accelerator: Any, gather: Callable[[torch.Tensor], torch.Tensor], always_extremes: Iterable[str]
 ) -> dict[str, float]:

@@ -26,12 +26,12 @@ _doc("LG605", "error", "bf16 and fp16 are both true.", "Set one precision: train
 _doc("LG606", "error", "A bf16/fp16 alias or train.args.precision contradicts train.precision.",
      "Drop the alias and set train.precision only.")
 _doc("LG607", "error", "Liger GRPO loss with entropy masking (top_entropy_quantile < 1).",
-     "Set top_entropy_quantile to 1.0 or use_liger_kernel: false.")
+     "Set top_entropy_quantile to 1.0 or model.liger_grpo_loss: false.")
 _doc("LG608", "error", "Liger GRPO loss with a non-token importance_sampling_level.",
-     "Set importance_sampling_level: token or use_liger_kernel: false.")
-_doc("LG609", "error", "Liger GRPO loss with an entropy bonus.", "Set entropy_coef to 0 or use_liger_kernel: false.")
+     "Set importance_sampling_level: token or model.liger_grpo_loss: false.")
+_doc("LG609", "error", "Liger GRPO loss with an entropy bonus.", "Set entropy_coef to 0 or model.liger_grpo_loss: false.")
 _doc("LG610", "error", "Liger GRPO loss with off-policy sequence masking.",
-     "Remove off_policy_mask_threshold or set use_liger_kernel: false.")
+     "Remove off_policy_mask_threshold or set model.liger_grpo_loss: false.")
 
 _doc("LG611", "warning", "model.dtype differs from the training precision, so the server samples in another "
      "dtype than the trainer scores log-probs in.", "Leave model.dtype: auto (it follows train.precision).")
@@ -150,13 +150,18 @@ def liger_enabled(ctx: Ctx) -> bool:
     return bool(ctx.spec.train.use_liger_kernel or ctx.arg("model.use_liger_kernel") is True)
 
 
+def liger_fused_loss(ctx: Ctx) -> bool:
+    """GRPO's loss is Liger's fused one (use_liger_kernel alone patches the layers; the chunked head keeps the loss)."""
+    return liger_enabled(ctx) and ctx.arg("model.liger_grpo_loss") is True
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 @check("LG607", "LG608", "LG609", "LG610")
 def liger_combinations(ctx: Ctx) -> Iterator[Issue]:
-    if not liger_enabled(ctx) or ctx.spec.train.trainer != "grpo":
+    if not liger_fused_loss(ctx) or ctx.spec.train.trainer != "grpo":
         return
     q = _num(ctx.arg("top_entropy_quantile"))
     if q is not None and q < 1.0:

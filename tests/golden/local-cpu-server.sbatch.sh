@@ -186,7 +186,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_B06EA3AAA8E28193
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_12E8260C5C77F1ED'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_27103F988DAFFAD3'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -214,9 +214,13 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 - name: length
+  model: null
+  batch_size: 32
   weight: 0.1
   kwargs: {}
 generation:
@@ -270,6 +274,18 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
+importance_sampling_level: token
+delta: null
+top_entropy_quantile: 1.0
+entropy_coef: 0.0
+off_policy_mask_threshold: null
+sapo_temperature_pos: 1.0
+sapo_temperature_neg: 1.05
+vespo_k_pos: 2.0
+vespo_lambda_pos: 3.0
+vespo_k_neg: 3.0
+vespo_lambda_neg: 2.0
+multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -283,17 +299,22 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 4
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 2
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_12E8260C5C77F1ED
+LAUNCHGEN_EOF_27103F988DAFFAD3
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

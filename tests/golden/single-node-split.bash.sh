@@ -181,7 +181,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_1F778A4AD5D71027
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8AB037ADE640CEF5'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_24715A0FD69411A1'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -209,6 +209,8 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 generation:
@@ -262,6 +264,18 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
+importance_sampling_level: token
+delta: null
+top_entropy_quantile: 1.0
+entropy_coef: 0.0
+off_policy_mask_threshold: null
+sapo_temperature_pos: 1.0
+sapo_temperature_neg: 1.05
+vespo_k_pos: 2.0
+vespo_lambda_pos: 3.0
+vespo_k_neg: 3.0
+vespo_lambda_neg: 2.0
+multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -275,18 +289,23 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 500
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 50
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_8AB037ADE640CEF5
+LAUNCHGEN_EOF_24715A0FD69411A1
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

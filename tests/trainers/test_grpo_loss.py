@@ -209,7 +209,7 @@ def test_split_invariance_dapo_vs_bnpo() -> None:
 
 def test_unknown_loss_type() -> None:
     with pytest.raises(ValueError, match="loss_type"):
-        _norm("sapo", gradient_accumulation_steps=1)
+        _norm("gspo", gradient_accumulation_steps=1)
 
 
 # ------------------------------------------------------------------------------------------ IS correction

@@ -5,9 +5,10 @@ The exact definitions (and the reasons for each detail) are in `shared/reference
 
 * advantages: group mean, **unbiased** std (+1e-4), `scale_rewards` in group/batch/none, NaN (unscorable) rewards
   excluded from the statistics and given A = 0;
-* loss: r = exp(l - old), -min(r A, clamp(r, 1-eps_lo, 1+eps_hi) A), times the IS ratio, plus beta * k3 KL
-  (times the live ratio r when `use_bias_correction_kl`), then one of four normalisers (`grpo`, `bnpo`,
-  `dr_grpo`, `dapo`).
+* several rewards: `sum_then_normalize` (weighted sum, then the group statistics) or `normalize_then_sum`
+  (`normalize_then_sum_advantages`);
+* loss: the per-token objective and its variants are in `grpo_loss` (re-exported here); then one of TRL's
+  normalisers (`normalize_loss`: grpo/sapo, bnpo, dr_grpo, dapo/cispo/vespo, luspo).
 
 One deliberate option beyond TRL (default off, TRL's behaviour stays the default):
 `importance_sampling_ratio(..., sequence_reduction="mean")` uses the geometric mean of the token ratios for the
@@ -21,11 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from launchgen.trainers.algorithms.grpo_loss import PerTokenLoss, grpo_per_token_loss
+
+__all__ = ["PerTokenLoss", "grpo_per_token_loss"]  # the per-token objective lives in grpo_loss; re-exported
 
 #: Added to the std before dividing, as TRL does (also makes a zero-std group give A = 0 instead of NaN).
 STD_EPS = 1e-4
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -78,6 +82,25 @@ def grpo_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: 
         advantages=torch.nan_to_num(adv, nan=0.0),
         std_is_zero=torch.isclose(std, torch.zeros_like(std)),
     )
+
+
+def normalize_then_sum_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int
+                                  ) -> tuple[Advantages, torch.Tensor]:
+    """TRL's `multi_objective_aggregation="normalize_then_sum"`: each reward (N, K) is normalised within its
+    group ((r - group mean) / (group std + 1e-4)), the weighted sum taken, then whitened over the whole batch.
+    Returns the advantages and the summed normalised rewards (NaN where every function gave None)."""
+    n, k = rewards_per_func.shape
+    if n % num_generations:
+        raise ValueError(f"{n} rewards do not split into groups of {num_generations}")
+    grouped = rewards_per_func.view(-1, num_generations, k)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+    normed = ((grouped - mean_k) / (std_k + STD_EPS)).view(-1, k)
+    summed = (normed * weights.to(normed).unsqueeze(0)).nansum(dim=1)
+    summed = summed.masked_fill(torch.isnan(rewards_per_func).all(dim=1), float("nan"))
+    std = nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
+    adv = (summed - torch.nanmean(summed)) / (std + STD_EPS)
+    return Advantages(torch.nan_to_num(adv, nan=0.0), torch.isclose(std, torch.zeros_like(std))), summed
 
 
 @dataclass
@@ -142,46 +165,6 @@ def importance_sampling_ratio(
     )
 
 
-@dataclass
-class PerTokenLoss:
-    loss: torch.Tensor  # (B, C) unnormalised, unmasked
-    ratio: torch.Tensor  # (B, C) coef_1 = exp(l - old)
-    kl: torch.Tensor | None  # (B, C) k3 KL (before the bias correction), when beta != 0
-
-
-def grpo_per_token_loss(
-    logps: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    old_logps: torch.Tensor | None = None,
-    ref_logps: torch.Tensor | None = None,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    beta: float = 0.0,
-    use_bias_correction_kl: bool = True,
-    is_ratio: torch.Tensor | None = None,
-) -> PerTokenLoss:
-    """TRL's `importance_sampling_level="token"` objective, per token.
-
-    `old_logps=None` is TRL's on-policy case: r = exp(l - l.detach()) (== 1, but carrying the gradient).
-    """
-    old = logps.detach() if old_logps is None else old_logps
-    coef_1 = torch.exp(logps - old)
-    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
-    adv = advantages.unsqueeze(1)
-    loss = -torch.min(coef_1 * adv, coef_2 * adv)
-    if is_ratio is not None:
-        loss = loss * is_ratio
-    kl = None
-    if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta != 0 needs the reference model's log-probs")
-        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
-        kl_term = kl * coef_1 if use_bias_correction_kl else kl
-        loss = loss + beta * kl_term
-    return PerTokenLoss(loss=loss, ratio=coef_1, kl=kl)
-
-
 def normalize_loss(
     per_token_loss: torch.Tensor,
     mask: torch.Tensor,
@@ -195,22 +178,26 @@ def normalize_loss(
 ) -> torch.Tensor:
     """Reduce (B, C) to the scalar that is backpropagated, in train mode (TRL's /GA is included).
 
-    dapo: sum / (max(N, 1) / n_proc * GA / SPG), N = completion tokens of the whole generation batch.
+    grpo/sapo: mean over rows of the per-row token mean; bnpo: token mean; dr_grpo: sum / (rows x max length);
+    luspo: mean over rows of the per-row sum; dapo/cispo/vespo: sum / (max(N, 1) / n_proc * GA / SPG),
+    N = completion tokens of the whole generation batch.
     """
     m = mask.to(per_token_loss.dtype)
     ga = gradient_accumulation_steps
     masked = per_token_loss * m
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / m.sum(-1).clamp(min=1.0)).mean() / ga
+    if loss_type == "luspo":
+        return masked.sum(-1).mean() / ga
     if loss_type == "bnpo":
         return masked.sum() / m.sum().clamp(min=1.0) / ga
     if loss_type == "dr_grpo":
         if max_completion_length is None:
             raise ValueError("loss_type dr_grpo needs max_completion_length")
         return masked.sum() / (per_token_loss.size(0) * max_completion_length) / ga
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo", "vespo"):
         if num_items_in_batch is None or steps_per_generation is None:
-            raise ValueError("loss_type dapo needs num_items_in_batch and steps_per_generation")
+            raise ValueError(f"loss_type {loss_type} needs num_items_in_batch and steps_per_generation")
         n = torch.as_tensor(num_items_in_batch, dtype=torch.float32, device=per_token_loss.device)
         normalizer = n.clamp(min=1.0) / num_processes * ga / steps_per_generation
         return masked.sum() / normalizer
@@ -233,11 +220,12 @@ class ClipStats:
 def clip_stats(
     ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, epsilon_low: float, epsilon_high: float
 ) -> ClipStats:
+    """A (B, 1) ratio (sequence level) counts each completion once, as TRL's global_masked_mean does."""
     adv = advantages.unsqueeze(1)
     low = ((ratio < 1 - epsilon_low) & (adv < 0)).float()
     high = ((ratio > 1 + epsilon_high) & (adv > 0)).float()
     region = torch.maximum(low, high)
-    m = mask.float()
+    m = torch.ones_like(low) if ratio.size(1) == 1 else mask.float()
     per_seq_den = m.sum(-1)
     low_seq = (low * m).sum(-1) / per_seq_den
     high_seq = (high * m).sum(-1) / per_seq_den

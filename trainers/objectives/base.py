@@ -65,6 +65,7 @@ class BatchSource(Protocol):
 
     layout: RowLayout
     sampler: PromptSampler
+    rows_per_batch: int  # data rows one `next_batches` draws (prompts, or sft's examples): num_train_epochs
     backend: GenerationBackend | None
     needs_weight_sync: bool
     #: Step metrics the progress bar shows (a rollout's only on steps that generated).
@@ -135,6 +136,8 @@ class ScoredRollout:
     metrics: dict[str, float]
     accelerator: Any
     gather: Callable[[torch.Tensor], torch.Tensor]
+    rewards_per_func: torch.Tensor  # (N, K) every reward function's score (all processes), NaN where it gave None
+    reward_weights: torch.Tensor  # (K,)
 
     @property
     def local(self) -> slice:
@@ -145,6 +148,8 @@ class ScoredRollout:
 class RLObjective(Objective, Protocol):
     keeps_old_logps: bool
     uses_importance_sampling: bool
+    #: Keep the sampler's own per-token log-probs as `sampling_logps` (GRPO's off-policy mask reads them).
+    keeps_sampling_logps: bool
     #: Temperature the policy's log-probs are scored at.
     logp_temperature: float
 
@@ -181,16 +186,25 @@ def uses_separate_engine(caps: Capabilities) -> bool:
     return not caps.shares_policy_weights
 
 
-def policy_logps(model: Any, mb: Batch, temperature: float, stats: StepStats) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs of the completions under the policy (with gradient) and the float mask; logs entropy."""
+def policy_logps_entropy(
+    model: Any, mb: Batch, temperature: float, stats: StepStats, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of the completions under the policy (with gradient), their entropies (with gradient
+    only when `entropy_grad`) and the float mask; logs the entropy."""
     from launchgen.trainers.modeling import per_token_logps
 
     mask = mb["completion_mask"]
     logps, entropy = per_token_logps(model, mb["prompt_ids"], mb["prompt_mask"], mb["completion_ids"], mask,
-                                     temperature)
+                                     temperature, entropy_grad)
     m = mask.float()
-    stats.add("entropy_sum", (entropy * m).sum())
+    stats.add("entropy_sum", (entropy.detach() * m).sum())
     stats.add("entropy_count", m.sum())
+    return logps, entropy, m
+
+
+def policy_logps(model: Any, mb: Batch, temperature: float, stats: StepStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs of the completions under the policy (with gradient) and the float mask; logs entropy."""
+    logps, _, m = policy_logps_entropy(model, mb, temperature, stats)
     return logps, m
 
 
@@ -200,10 +214,14 @@ def row_share(part: Batch, mb: Batch) -> Stat:
 
 
 def clip_counts(ratio: torch.Tensor, adv: torch.Tensor, eps_lo: float, eps_hi: float, stats: StepStats) -> None:
-    """Sequence-level clip statistics (RLOO's ratio is one per row)."""
+    """Sequence-level clip statistics (RLOO's ratio is one per row); low_min / high_max are TRL's nanmin / nanmax
+    of the per-sequence flags (1 only when every sequence of the micro-batch was clipped on that side)."""
     low = ((ratio < 1 - eps_lo) & (adv < 0)).float()
     high = ((ratio > 1 + eps_hi) & (adv > 0)).float()
     stats.add("clip_low_sum", low.sum())
     stats.add("clip_high_sum", high.sum())
     stats.add("clip_region_sum", torch.maximum(low, high).sum())
     stats.add("clip_count", float(ratio.numel()))
+    if ratio.numel():
+        stats.min("clip_ratio/low_min", low.min())
+        stats.max("clip_ratio/high_max", high.max())

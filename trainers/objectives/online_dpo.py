@@ -20,6 +20,7 @@ class OnlineDPOObjective:
     needs_reference = True
     keeps_old_logps = False  # no ratio: the loss compares the policy with the reference only
     uses_importance_sampling = False
+    keeps_sampling_logps = False
     logp_temperature = 1.0  # TRL scores completions from the raw logits although it samples at `temperature`
 
     def __init__(self, cfg: TrainerConfig, num_processes: int) -> None:

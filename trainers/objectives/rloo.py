@@ -16,8 +16,9 @@ class RLOOObjective:
     name = "rloo"
     pair_size = 1
     supports_liger = True
-    always_extremes: tuple[str, ...] = ()
+    always_extremes: tuple[str, ...] = ("clip_ratio/low_min", "clip_ratio/high_max")
     uses_importance_sampling = False
+    keeps_sampling_logps = False
     keeps_old_logps = True  # its sequence-level ratio and KL penalty use them
 
     def __init__(self, cfg: TrainerConfig, num_processes: int) -> None:

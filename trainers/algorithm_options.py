@@ -1,0 +1,91 @@
+"""GRPOConfig's loss options beyond the clipped token objective (TRL 1.16 names, defaults and meanings).
+
+A mixin of `config.TrainerConfig` (flat fields under `train.args`, as TRL's GRPOConfig has them), read by
+`trainers/algorithms/grpo.py` (the formulas) and `trainers/objectives/grpo.py` (the wiring). Pydantic only, so
+`launchgen check` validates them without torch. The options exist for `trainer: grpo` only (TRL's RLOOConfig has
+none of them): another trainer that sets one is refused, naming the field, instead of silently ignoring it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ISLevel = Literal["token", "sequence"]
+Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
+#: Loss types whose objective is a clipped ratio (TRL logs clip_ratio/* for these).
+CLIPPED_LOSS_TYPES = frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "luspo"})
+#: Loss types TRL normalises by the generation batch's completion tokens (dapo's normaliser).
+TOKEN_SUM_LOSS_TYPES = frozenset({"dapo", "cispo", "vespo"})
+#: Loss types added by this module (the Liger fused loss supports none of them: LG612).
+NEW_LOSS_TYPES = ("cispo", "sapo", "luspo", "vespo")
+
+
+class AlgorithmOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
+
+    importance_sampling_level: ISLevel = Field(
+        default="token",
+        description="GRPO: `token` ratios per token, or `sequence` (GSPO): one ratio per completion, exp of the "
+        "mean token log-ratio.",
+    )
+    delta: float | None = Field(
+        default=None, gt=0,
+        description="GRPO (clipped loss types): two-sided clipping, the ratio multiplying a negative advantage is "
+        "capped at delta (TRL recommends > 1 + epsilon_high); null: off.",
+    )
+    top_entropy_quantile: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="GRPO: keep the policy loss only on tokens whose entropy is in the top quantile (over the "
+        "micro-batch, all processes); 1.0 keeps every token, 0.0 only the highest-entropy one.",
+    )
+    entropy_coef: float = Field(
+        default=0.0,
+        description="GRPO: subtract entropy_coef x the mean token entropy (of the tokens the loss acts on) from the "
+        "loss; 0 disables the bonus.",
+    )
+    off_policy_mask_threshold: float | None = Field(
+        default=None,
+        description="GRPO: drop negative-advantage completions whose mean KL(sampler || policy) exceeds this "
+        "(DeepSeek-V3.2's off-policy sequence mask); uses the sampler's log-probs where the backend returns them.",
+    )
+    sapo_temperature_pos: float = Field(default=1.0, gt=0, description="GRPO, loss_type sapo: temperature for A > 0.")
+    sapo_temperature_neg: float = Field(default=1.05, gt=0, description="GRPO, loss_type sapo: temperature for A <= 0.")
+    vespo_k_pos: float = Field(default=2.0, description="GRPO, loss_type vespo: power exponent k for A >= 0.")
+    vespo_lambda_pos: float = Field(default=3.0, description="GRPO, loss_type vespo: decay lambda for A >= 0.")
+    vespo_k_neg: float = Field(default=3.0, description="GRPO, loss_type vespo: power exponent k for A < 0.")
+    vespo_lambda_neg: float = Field(default=2.0, description="GRPO, loss_type vespo: decay lambda for A < 0.")
+    multi_objective_aggregation: Aggregation = Field(
+        default="sum_then_normalize",
+        description="GRPO with several rewards: `sum_then_normalize` (weighted sum, then group advantages) or "
+        "`normalize_then_sum` (each reward normalised per group, weighted sum, then whitened over the batch).",
+    )
+
+    @model_validator(mode="after")
+    def _grpo_only(self) -> AlgorithmOptions:
+        trainer = getattr(self, "trainer", "grpo")
+        if trainer == "grpo":
+            return self
+        # A value other than the default, not a field merely present: a resolved config (to_yaml) writes them all.
+        for name, field in sorted(AlgorithmOptions.model_fields.items()):
+            if getattr(self, name) != field.default:
+                raise ValueError(f"{name} is a GRPO option; trainer {trainer} does not use it: remove it")
+        return self
+
+
+#: Where a resolved config and `--help` list this module's fields: next to the other algorithm knobs.
+AFTER_FIELD = "mask_truncated_completions"
+
+
+def ordered_keys(keys: list[str], after: str = AFTER_FIELD) -> list[str]:
+    """`keys` (TrainerConfig's fields, the mixin's first) with this module's fields moved to just after `after`."""
+    ours = [k for k in keys if k in AlgorithmOptions.model_fields]
+    rest = [k for k in keys if k not in AlgorithmOptions.model_fields]
+    i = rest.index(after) + 1 if after in rest else len(rest)
+    return rest[:i] + ours + rest[i:]
+
+
+def ordered_dump(data: dict[str, Any], after: str = AFTER_FIELD) -> dict[str, Any]:
+    """A TrainerConfig dump in `ordered_keys` order, so a resolved config reads trainer, model, data, ..."""
+    return {k: data[k] for k in ordered_keys(list(data), after)}
