@@ -189,6 +189,7 @@ class Ev:
     TRAINER_START = "trainer_start"
     SERVER_HEALTHY = "server_healthy"
     SERVER_FAILED = "server_failed"
+    REPLICA_RESTART = "replica_restart"
     TRAINER_EXIT = "trainer_exit"
     USR2 = "usr2"
     SIGNAL = "signal"
@@ -217,6 +218,9 @@ _KINDS = (
     EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT,),
               doc="the server (replica `<k>`, if several) died (`exit=<status>`) or never became healthy "
               "(`health_timeout`)"),
+    EventKind(Ev.REPLICA_RESTART, ("replica", "restart", "exit"),
+              doc="vllm.restart_replicas: replica `<k>` died (`exit=<status>`) and its step starts again "
+              "(`restart=<n>`, counted per replica and attempt)"),
     EventKind(Ev.TRAINER_EXIT, ("status",), doc="the trainer step ended with this status"),
     EventKind(Ev.USR2, doc="the pre-timeout signal: the trainers are asked to checkpoint"),
     EventKind(Ev.SIGNAL, (), ("TERM", "INT"), doc="the script was signalled and stops everything"),

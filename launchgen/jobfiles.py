@@ -39,6 +39,7 @@ class Seen:
     REQUEUE = "requeue"
     REQUEUE_REFUSED = "requeue_refused"
     JOB_END = "job_end"
+    REPLICA_RESTART = "replica_restart"  # a replica died and the script starts it again (vllm.restart_replicas)
 
 
 @dataclass
@@ -82,6 +83,11 @@ _MEANING = {
     J.Ev.SERVER_HEALTHY: lambda e: (Seen.HEALTH_OK, "server",
                                     {"message": f"healthy after {e.fields.get('after', '?')}"}),
     J.Ev.SERVER_FAILED: _server_failed,
+    J.Ev.REPLICA_RESTART: lambda e: (Seen.REPLICA_RESTART, "server",
+                                     {"exit_code": e.fields.get("exit"),
+                                      "message": f"replica {e.fields.get('replica', '?')} died (exit "
+                                                 f"{e.fields.get('exit', '?')}) and is restarted "
+                                                 f"(restart {e.fields.get('restart', '?')})"}),
     J.Ev.TRAINER_EXIT: lambda e: (Seen.STEP_EXIT, "trainer", {"exit_code": e.fields.get("status")}),
     J.Ev.USR2: lambda e: (Seen.SIGNAL, "job", {"signal": "USR2"}),
     J.Ev.SIGNAL: lambda e: (Seen.SIGNAL, "job", {"signal": e.words[0] if e.words else None}),

@@ -35,6 +35,7 @@ OWNED_SERVER = {
     "host": "vllm.bind / the allocation", "port": "vllm.port", "base_url": "vllm.port / vllm.bind",
     "group_port": "vllm.group_port", "group_host": "the allocation (VLLM_HOST_IP)",
     "health_timeout": "vllm.health_timeout", "replicas": "vllm.replicas and the allocation",
+    "replica_failover": "vllm.restart_replicas",
 }
 OWNED_COLOCATE = {
     "tensor_parallel_size": "vllm.tensor_parallel_size",
@@ -110,6 +111,9 @@ COPIED: tuple[Copied, ...] = (
            lambda f: float(f.vllm.health_timeout + HEALTH_CLIENT_MARGIN_S), _SERVER),
     # several servers: replica k's ports are the base ports shifted by k (launchgen.ports.replica_port)
     Copied("generation.vllm_server.replicas", _replica_endpoints, _SERVER),
+    # vllm.restart_replicas: the trainer sets a failed replica aside and takes it back once the script restarted it
+    Copied("generation.vllm_server.replica_failover",
+           lambda f: f.vllm.restart_replicas if f.vllm.replicas > 1 else SKIP, _SERVER),
     Copied("generation.vllm_colocate.tensor_parallel_size", lambda f: f.vllm.tensor_parallel_size, _COLOCATE),
     Copied("generation.vllm_colocate.gpu_memory_utilization",
            lambda f: f.vllm.gpu_memory_utilization if "gpu_memory_utilization" in f.vllm.model_fields_set

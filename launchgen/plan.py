@@ -355,7 +355,8 @@ def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
     replicas = tuple(_replica_plan(spec, lay, rp) for rp in places)
     return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, lay.data_parallel_size,
                       lay.data_parallel_size_local, lay.multi_node_dp, v.bind, replicas[0].commands, replicas[0].env,
-                      "/health", v.health_timeout, " ".join(v.executable_words), replicas)
+                      "/health", v.health_timeout, " ".join(v.executable_words), replicas,
+                      v.max_replica_restarts if v.restart_replicas else 0)
 
 
 def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:

@@ -186,6 +186,10 @@ class ServerPlan:
     health_timeout: int
     executable: str
     replicas: tuple[ReplicaPlan, ...] = ()  # every replica, replica 0 first (its commands and env are above)
+    #: vllm.restart_replicas: a dead replica's step is started again, up to this many times per replica (0: never)
+    max_replica_restarts: int = 0
+    #: consecutive failed /health probes after which a healthy replica counts as hung and is stopped for a restart
+    unhealthy_probes: int = 3
 
     @property
     def multi_replica(self) -> bool:

@@ -41,6 +41,16 @@ class HealthCheck:
 
 
 @dataclass
+class ReplicaState:
+    """One `vllm.replicas` replica in the latest attempt, from its events (`replica=<k>`)."""
+
+    index: int
+    state: str  # starting, healthy, restarting, failed
+    restarts: int
+    last: str  # the event that set the state, as the script wrote it
+
+
+@dataclass
 class JobStatus:
     job_id: str
     job_dir: str | None
@@ -62,6 +72,7 @@ class JobStatus:
     batch_log: str | None = None  # the batch script's own output (sbatch --output)
     failed: bool = False  # the job is over and did not complete: `launchgen status` exits 3
     over: bool = False  # nothing more will be written (finished, or unknown to the scheduler): `logs --follow` stops
+    replicas: list[ReplicaState] = field(default_factory=list)  # with vllm.replicas > 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -282,6 +293,28 @@ def _event_notes(f: _Facts) -> list[str]:
     return notes
 
 
+_REPLICA_STATES = {Seen.STEP_START: "starting", Seen.HEALTH_OK: "healthy", Seen.REPLICA_RESTART: "restarting",
+                   Seen.SERVER_DIED: "failed", Seen.HEALTH_TIMEOUT: "failed"}
+
+
+def replica_states(events: list[Event]) -> list[ReplicaState]:
+    """Each replica's state in these events (only the scripts of several replicas write `replica=<k>`)."""
+    states: dict[int, ReplicaState] = {}
+    for e in events:
+        k = str(e.raw.get("replica"))
+        if e.role != "server" or e.event not in _REPLICA_STATES or not k.isdigit():
+            continue
+        r = states.setdefault(int(k), ReplicaState(int(k), "starting", 0, ""))
+        r.state, r.last = _REPLICA_STATES[e.event], e.raw.get("text", "")
+        r.restarts += e.event == Seen.REPLICA_RESTART
+    return [states[k] for k in sorted(states)]
+
+
+def _replica_notes(replicas: list[ReplicaState]) -> list[str]:
+    return [f"vLLM replica {r.index}: {r.state}" + (f", restarted {r.restarts} time(s)" if r.restarts else "")
+            for r in replicas if r.restarts or r.state != "healthy"]
+
+
 def _job_failed(f: _Facts) -> bool:
     """Over without completing (a local run: ended with a status other than 0 or 75, checkpointed for a re-run)."""
     if f.info is not None:
@@ -352,6 +385,7 @@ def analyse(job_id: str, info: SchedulerInfo | None, accounting: str, steps: lis
         summary=_summary(info, roles, first, job_id == J.LOCAL_JOB_ID, f.job_end), last_health=_last_health(f.events),
         logs=jd.logs, failed_log=failed_log,
         failed_log_tail=tail(failed_log, lines) if failed_log and Path(failed_log).is_file() else [],
-        events_file=jd.events_file, plan_file=jd.plan_file, notes=[*jd.notes, *_event_notes(f)],
-        batch_log=batch_log, failed=failed, over=f.finished is not False,
+        events_file=jd.events_file, plan_file=jd.plan_file,
+        notes=[*jd.notes, *_event_notes(f), *_replica_notes(replica_states(f.events))],
+        batch_log=batch_log, failed=failed, over=f.finished is not False, replicas=replica_states(f.events),
     )

@@ -284,6 +284,15 @@ class VLLMSpec(_Section):
         "`port + k`, `group_port + k` for replica k. The trainer sends all samples of a prompt to one replica, "
         "balances by load and pushes every weight update to all of them.",
     )
+    restart_replicas: bool = Field(
+        default=False,
+        description="With replicas > 1: a replica whose server step dies is started again on the same GPUs "
+        "(up to max_replica_restarts times each) while generation continues on the others; the trainer pushes it "
+        "the current weights before sending it prompts again. Off: a dead replica fails the job, as one server does.",
+    )
+    max_replica_restarts: int = Field(
+        default=3, ge=0, description="Restarts per replica with restart_replicas; one more death fails the job.",
+    )
     port: int = Field(default=ports.SERVER_HTTP_DEFAULT, description="HTTP port of the server.")
     group_port: int = Field(
         default=ports.GROUP_DEFAULT,

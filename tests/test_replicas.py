@@ -153,3 +153,30 @@ def test_the_replicas_yaml_the_script_builds_is_what_the_trainer_reads() -> None
     cfg = TrainerConfig.model_validate(data)
     assert [(r.host, r.port, r.group_port) for r in cfg.generation.vllm_server.replicas] == [
         ("node 1", 8010, 29561), ("n'2", 8011, 29562)]
+
+
+def test_restart_replicas_reaches_the_trainer_and_the_script() -> None:
+    plan = build_plan(load_spec(EXAMPLE))
+    assert plan.server is not None and plan.server.max_replica_restarts == 3
+    assert plan.trainer.config.generation.vllm_server.replica_failover is True
+    script = render_script(plan, "bash")
+    assert 'lg_event "replica_restart replica=1 restart=$LG_RESTARTS_R1 exit=$LG_SERVER_RC"' in script
+    assert "if ((LG_RESTARTS_R1 < 3)); then" in script
+    off = plan_of(spec(vllm="{gpus: [0, 1, 2, 3], tensor_parallel_size: 2, replicas: 2}"))
+    assert off.server is not None and off.server.max_replica_restarts == 0
+    assert off.trainer.config.generation.vllm_server.replica_failover is False
+    assert "lg_event \"replica_restart" not in render_script(off, "bash")
+
+
+def test_status_tells_each_replicas_state() -> None:
+    from launchgen.jobfiles import parse_events_text
+    from launchgen.postmortem import replica_states
+
+    text = "\n".join([
+        "2026-12-03T10:00:00Z server_start nodes=n1 replica=0", "2026-12-03T10:00:00Z server_start nodes=n1 replica=1",
+        "2026-12-03T10:00:09Z server_healthy after=9s replica=0", "2026-12-03T10:00:10Z server_healthy after=10s replica=1",
+        "2026-12-03T10:01:00Z replica_restart replica=1 restart=1 exit=137",
+    ])
+    got = [(r.index, r.state, r.restarts) for r in replica_states(parse_events_text(text, 0))]
+    assert got == [(0, "healthy", 0), (1, "restarting", 1)]
+    assert replica_states(parse_events_text("2026-12-03T10:00:00Z server_start nodes=n1", 0)) == []

@@ -9,7 +9,10 @@ weight update reaches both, and the run ends cleanly.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -22,7 +25,7 @@ from launchgen.plan import build_plan
 from launchgen.render import render_script
 
 
-def _spec(tmp: Path, model: Path, max_steps: int) -> str:
+def _spec(tmp: Path, model: Path, max_steps: int, restart: bool = False, reward: str = "length") -> str:
     prompts = tmp / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
                                for a in range(1, 6) for b in range(1, 4)))
@@ -32,14 +35,17 @@ def _spec(tmp: Path, model: Path, max_steps: int) -> str:
         "job": {"name": "two", "output_dir": str(tmp / "runs" / "%j")},
         "slurm": {"gpus_per_node": 2, "max_restarts": 0, "signal_grace": 0,
                   "setup": [f"export PATH={BIN_DIR}:$PATH",
-                            f"export PYTHONPATH={REPO_ROOT}:{REPO_ROOT / 'tests'}${{PYTHONPATH:+:$PYTHONPATH}}",
+                            f"export PYTHONPATH={REPO_ROOT}:{REPO_ROOT / 'tests'}:{REPO_ROOT / 'tests' / 'fakes'}"
+                            "${PYTHONPATH:+:$PYTHONPATH}",
                             *(f"export {k}={v}" for k, v in hooks.items())],
-                  "env": {"all": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}}},
+                  "env": {"all": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+                          "trainer": {"SLURMTEST_REWARD_SLEEP": "1.0"}}},
         "model": {"name_or_path": str(model)},
         "vllm": {"mode": "server", "nodes": 0, "gpus": [0, 1], "tensor_parallel_size": 1, "replicas": 2,
+                 "restart_replicas": restart,
                  "port": port, "group_port": _free_port(), "health_timeout": 180, "max_model_len": 256},
         "train": {"device": "cpu", "precision": "fp32", "trainer": "grpo", "main_process_port": _free_port(),
-                  "args": {"data": {"path": str(prompts)}, "rewards": [{"name": "length"}], "num_generations": 2,
+                  "args": {"data": {"path": str(prompts)}, "rewards": [{"name": reward}], "num_generations": 2,
                            "per_device_train_batch_size": 4, "max_steps": max_steps, "learning_rate": 1e-4,
                            "generation": {"max_completion_length": 8}, "save_steps": 0, "save_final_model": False,
                            "report_to": ["jsonl"], "logging_steps": 1}},
@@ -67,3 +73,60 @@ def test_two_replicas_serve_one_run(tmp_path: Path, tiny_model_dir: Path) -> Non
         # every replica generated and took every weight update (initial sync + one per step)
         assert served.count("POST /v1/completions") >= 1, log
         assert served.count("POST /update_weights") >= 3, log
+
+
+def _pids_serving(port: int) -> list[int]:
+    """PIDs of the stand-in `vllm serve` listening on `port` (this test's own job started it)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode():
+                out.append(int(d.name))
+    return out
+
+
+def test_a_killed_replica_is_restarted_and_the_run_completes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Replica 1 is SIGKILLed mid-run: the script restarts its step, the trainer keeps generating on replica 0,
+    takes replica 1 back with the current weights, and every step runs."""
+    max_steps = 40  # ~1 s each (the reward sleeps): longer than a stand-in's restart
+    text = _spec(tmp_path, tiny_model_dir, max_steps=max_steps, restart=True, reward="slurm_rewards:slow_first_attempt")
+    plan = build_plan(load_spec_text(text, "two.yaml"))
+    port1 = next(p.base for p in plan.ports if p.name == "server_http" and p.replica == 1)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(plan, "bash"))
+    env = env_with_venv()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    job = tmp_path / "runs" / "local"
+    logs = job / "logs" / "attempt-0"
+    proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        metrics = job / "trainer" / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not get to step 2"
+            time.sleep(0.5)
+        victims = _pids_serving(port1)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    trainer_log = (logs / "trainer-local.log").read_text()
+    assert proc.returncode == 0, err[-3000:] + trainer_log[-3000:]
+    steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, max_steps + 1))
+    events = (logs / "events.log").read_text()
+    assert "replica_restart replica=1 restart=1 exit=137" in events, events
+    assert events.count("server_healthy") == 3 and "replica=0" in events  # replica 1 healthy twice
+    assert "vLLM replica 1 failed" in trainer_log and "vLLM replica 1 is back" in trainer_log
+    # the restarted server received the weights (the sync that took it back) and then generated again
+    r1_log = (logs / "server-r1-local.log").read_text()
+    assert r1_log.count("stand-in serving") == 2, r1_log[-2000:]
+    after = r1_log.split("stand-in serving")[-1]
+    assert "POST /update_weights" in after and "POST /v1/completions" in after

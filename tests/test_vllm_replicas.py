@@ -79,6 +79,35 @@ def test_merge_restores_input_order() -> None:
     assert merged.finished == [True, False, True, False, True]
 
 
+class _FakeServer:
+    """What the replica backend reads of a per-replica `VLLMServerBackend`; records the prompts it was sent."""
+
+    model_id, max_model_len, syncs_done = "m", None, 0
+
+    def __init__(self, seen: list[int], k: int) -> None:
+        self.seen, self.k = seen, k
+
+    def connect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def _generate_main(self, prompts: list[list[int]], params: SamplingParams) -> CompletionsResult:
+        self.seen.append(self.k)
+        return CompletionsResult([list(p) for p in prompts], [[1] for _ in prompts], None, [True for _ in prompts])
+
+
+def test_load_carries_over_calls_so_single_groups_alternate() -> None:
+    seen: list[int] = []
+    backend = VLLMReplicaBackend(_Acc(), make_replica=lambda k: _FakeServer(seen, k), count=2,  # type: ignore[arg-type,return-value]
+                                 num_generations=2)
+    backend.connect()
+    for _ in range(4):  # one prompt group per call
+        backend.generate([[5, 6], [5, 6]], SamplingParams(max_tokens=3))
+    assert seen == [0, 1, 0, 1]
+
+
 # -- two stand-ins ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,4 +1,4 @@
-"""Checks of `vllm.replicas` (LG220-LG229): placement, mode, count and addresses of several server replicas.
+"""Checks of `vllm.replicas` (LG220-LG229): placement, mode, count, addresses and restarts of server replicas.
 
 LG201 (TP x DP x replicas against the server's GPUs) stays in `checks.py`; these stand down where it fires, so a
 mistake gets one message. The placement math is `launchgen.replicas`.
@@ -24,6 +24,13 @@ _doc("LG222", "error", f"More than {MAX_REPLICAS} server replicas.",
 _doc("LG223", "error", "Several server replicas with vllm.bind set to one address: each replica needs the "
      "address of its own node.",
      "Set vllm.bind to `node` (each replica binds its node's address) or `0.0.0.0`.")
+
+
+_doc("LG224", "error", "vllm.restart_replicas with a single replica: while it restarts there is no replica to "
+     "generate on.",
+     "Set vllm.replicas to 2 or more, or remove vllm.restart_replicas.")
+_doc("LG225", "warning", "vllm.max_replica_restarts is set but vllm.restart_replicas is off, so it has no effect.",
+     "Set vllm.restart_replicas: true, or remove vllm.max_replica_restarts.")
 
 
 @check("LG220")
@@ -62,3 +69,15 @@ def replicas_bind_their_node(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is not None and v.mode == "server" and v.replicas > 1 and v.bind not in ("node", "0.0.0.0"):
         yield ctx.issue("LG223", "vllm.bind", f"vllm.bind is {v.bind!r} with {v.replicas} replicas")
+
+
+@check("LG224", "LG225")
+def replica_restarts_sane(ctx: Ctx) -> Iterator[Issue]:
+    v = ctx.spec.vllm
+    if v is None or v.mode != "server":
+        return
+    if v.restart_replicas and v.replicas == 1:
+        yield ctx.issue("LG224", "vllm.restart_replicas", "vllm.restart_replicas is true but vllm.replicas is 1")
+    if not v.restart_replicas and "max_replica_restarts" in v.model_fields_set:
+        yield ctx.issue("LG225", "vllm.max_replica_restarts",
+                        f"vllm.max_replica_restarts is {v.max_replica_restarts} but vllm.restart_replicas is off")

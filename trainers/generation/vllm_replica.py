@@ -6,7 +6,8 @@ its own weight-transfer group on its own `group_port`); `RankZeroBackend` keeps 
 Routing: the prompts of one generation call are cut into prompt groups (the `num_generations` consecutive copies
 of one prompt, or single prompts), and every group goes whole to one replica, so the replica's prefix cache
 serves all its samples. Groups are placed greedily on the replica with the least estimated work so far
-(prompt + completion tokens); the replicas then generate concurrently and the rows come back in input order.
+(prompt + completion tokens, carried over from call to call); the replicas then generate concurrently and the rows
+come back in input order.
 
 Weight sync: rank 0 pulls the named-parameter iterator once (under FSDP/ZeRO-3 each `next()` is a collective),
 takes a private copy of each tensor (the iterator only guarantees it until its next step) and hands the same copy
@@ -69,7 +70,7 @@ class Replica:
     #: times this replica was taken back after failing (the script restarted it)
     rejoins: int = 0
     last_error: str = ""
-    #: estimated tokens routed to it in the current call (the load the router balances)
+    #: estimated tokens routed to it, relative to the least loaded live replica (the load the router balances)
     load: int = 0
     routed_groups: int = field(default=0)
 
@@ -215,7 +216,13 @@ class VLLMReplicaBackend(RankZeroBackend):
             live = self.live()
             if not live:
                 raise VLLMServerError("no vLLM replica is up to generate")
-            plan = assign(pending, all_prompts, params.max_tokens, {r.index: 0 for r in live})
+            # the load carried over from earlier calls, so a call of one prompt group does not always land on the
+            # same replica; relative to the least loaded, so a replica that rejoins is not flooded
+            base = min(r.load for r in live)
+            loads = {r.index: r.load - base for r in live}
+            plan = assign(pending, all_prompts, params.max_tokens, loads)
+            for r in live:
+                r.load = loads[r.index]
             jobs: dict[int, Callable[[], Any]] = {
                 k: partial(self._generate_on, k, all_prompts, groups, params) for k, groups in plan.items() if groups
             }
@@ -234,12 +241,16 @@ class VLLMReplicaBackend(RankZeroBackend):
     def _generate_on(self, k: int, prompts: list[list[int]], groups: list[tuple[int, int]],
                      params: SamplingParams) -> CompletionsResult:
         b = self.replicas[k].backend
-        assert b is not None
+        if b is None:  # set aside meanwhile (a sync running beside a generation ahead): re-routed by the caller
+            raise VLLMServerError(f"vLLM replica {k} was set aside")
         return b._generate_main([prompts[i] for start, stop in groups for i in range(start, stop)], params)
 
     # -- weight sync -----------------------------------------------------------------------------------------
-    def _revive(self) -> None:
-        """Take back set-aside replicas that are healthy again: a fresh group; this sync pushes their weights."""
+    def _revive(self) -> list[Replica]:
+        """Set-aside replicas that are healthy again, connected afresh (a new group); they count as up only once
+        this sync has pushed them the current weights, so no prompt reaches one with old weights (a generation
+        running ahead, `generation.max_staleness`, routes only to replicas that are up)."""
+        back: list[Replica] = []
         for r in self.replicas:
             if r.up or not self.failover:
                 continue
@@ -259,14 +270,13 @@ class VLLMReplicaBackend(RankZeroBackend):
             except Exception as exc:
                 logger.warning("vLLM replica %d answers /health but could not be connected again: %s", r.index, exc)
                 continue
-            r.up = True
-            r.rejoins += 1
-            logger.warning("vLLM replica %d is back (rejoin %d): pushing the current weights to it", r.index,
-                           r.rejoins)
+            back.append(r)
+            logger.warning("vLLM replica %d is back: pushing the current weights to it", r.index)
+        return back
 
     def _sync_main(self, it: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self._revive()
-        targets = self.live()
+        back = self._revive()
+        targets = self.live() + back
         if not targets:
             for _ in it:  # the other ranks are walking the same iterator
                 pass
@@ -306,6 +316,12 @@ class VLLMReplicaBackend(RankZeroBackend):
             t.join(max(deadline - time.monotonic(), 0.0))
             if t.is_alive():
                 errors.setdefault(k, WeightSyncError(f"replica {k}'s weight sync did not end"))
+        for r in back:
+            if r.index not in errors:
+                r.up = True
+                r.rejoins += 1
+                logger.warning("vLLM replica %d has the current weights and takes prompts again (rejoin %d)",
+                               r.index, r.rejoins)
         for r in targets:
             if r.index in errors:
                 self._fail(r, errors[r.index], "weight sync")
