@@ -114,14 +114,21 @@ def _wandb(cfg: TrainerConfig, out: Path) -> Any:
     id_file = out / WANDB_ID_FILE
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)  # wandb ids: [a-z0-9]
     id_file.write_text(run_id + "\n")
-    return wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "launchgen"),
-        name=cfg.run_name,
-        id=run_id,
-        resume="allow",
-        dir=str(out),
-        config=cfg.model_dump(mode="json"),
-    )
+    try:
+        return wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "launchgen"),
+            name=cfg.run_name,
+            id=run_id,
+            resume="allow",
+            dir=str(out),
+            config=cfg.model_dump(mode="json"),
+        )
+    except Exception as e:  # wandb raises its own kinds (login, network, settings): all are the user's to fix
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainerSetupError(
+            f"report_to wandb: wandb.init failed ({type(e).__name__}: {first}); on nodes without network set "
+            "WANDB_MODE=offline (slurm.env) and `wandb sync` the run later"
+        ) from None
 
 
 class Reporter:

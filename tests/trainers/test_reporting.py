@@ -115,3 +115,22 @@ def test_missing_wandb_is_refused_before_the_model_loads(
     monkeypatch.setattr(modeling, "load_model", no_load)
     with pytest.raises(TrainerSetupError, match=r"pip install 'launchgen\[wandb\]'"):
         run_cfg(_cfg(tmp_path, tiny_model_dir, "nowb", report_to=["wandb"]))
+
+
+def test_a_failing_wandb_init_is_one_setup_error(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # its own process: wandb caches its settings per process, so an earlier offline run here would hide the env
+    import os
+    import subprocess
+
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_cfg(tmp_path, tiny_model_dir, "badwb", max_steps=1, report_to=["jsonl", "wandb"])))
+    env = dict(os.environ, WANDB_MODE="bogus", WANDB_SILENT="true",  # wandb refuses its own settings: no network
+               PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "launchgen.trainers.grpo", "--config", str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and re.search(r"report_to wandb: wandb\.init failed .*WANDB_MODE=offline", errors[0])
+    assert "Traceback" not in proc.stderr
