@@ -40,7 +40,9 @@ from launchgen.rules.constants import (
 
 # The checks, by code range; importing a module registers its checks (the order is the run order, which the
 # issues do not depend on: tests/test_layout.py shuffles it).
-from launchgen.rules import gpus, tp, world, ports, kernels, modes, versions, security, jobvalues, cpuserver, runner
+from launchgen.rules import (
+    gpus, tp, world, ports, kernels, modes, versions, security, jobvalues, cpuserver, trainerargs, runner,
+)
 from launchgen.rules.kernels import (
     FLASH_ATTN2_REPO,
     attn_setting,
@@ -57,6 +59,7 @@ from launchgen.rules.runner import apply_strict, codes_markdown, has_errors, run
 # a module: add yours on its own line).
 from launchgen import preflight as _preflight  # noqa: F401
 from launchgen import static_checks as _static_checks  # noqa: F401
+from launchgen import loopchecks as _loopchecks  # noqa: F401
 # isort: on
 
 __all__ = [
@@ -64,5 +67,5 @@ __all__ = [
     "PORT_NAMES", "PORT_OFFSET_MAX", "PORT_OFFSET_STEP", "WIDE_BINDS", "Check", "CodeDoc", "Ctx", "Stage", "_doc",
     "_set", "apply_strict", "attn_setting", "check", "codes_markdown", "cpuserver", "cuda_is_128", "gpus", "has_errors",
     "is_hub_kernel", "jobvalues", "kernels", "liger_enabled", "modes", "port_uses", "ports", "run_checks", "runner",
-    "security", "sort_issues", "split_kernel", "tp", "trainer_args_not_owned", "versions", "vllm_flag", "world",
+    "security", "sort_issues", "split_kernel", "tp", "trainer_args_not_owned", "trainerargs", "versions", "vllm_flag", "world",
 ]

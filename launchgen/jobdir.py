@@ -209,11 +209,14 @@ class EventKind:
 
 _KINDS = (
     EventKind(Ev.START, ("job", "attempt", "restart_count", "spec_sha256"), doc="the attempt begins"),
-    EventKind(Ev.SERVER_START, ("nodes",), doc="the vLLM server step is started on these nodes"),
+    EventKind(Ev.SERVER_START, ("nodes", "replica"),
+              doc="the vLLM server step is started on these nodes (`replica=<k>` with vllm.replicas > 1)"),
     EventKind(Ev.TRAINER_START, ("nodes",), doc="the trainer step is started on these nodes"),
-    EventKind(Ev.SERVER_HEALTHY, ("after",), doc="the health URL answered 200, `after=<s>s` into the attempt"),
-    EventKind(Ev.SERVER_FAILED, ("exit",), (Ev.HEALTH_TIMEOUT,),
-              doc="the server died (`exit=<status>`) or never became healthy (`health_timeout`)"),
+    EventKind(Ev.SERVER_HEALTHY, ("after", "replica"),
+              doc="the health URL answered 200, `after=<s>s` into the attempt (of replica `<k>`, if several)"),
+    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT,),
+              doc="the server (replica `<k>`, if several) died (`exit=<status>`) or never became healthy "
+              "(`health_timeout`)"),
     EventKind(Ev.TRAINER_EXIT, ("status",), doc="the trainer step ended with this status"),
     EventKind(Ev.USR2, doc="the pre-timeout signal: the trainers are asked to checkpoint"),
     EventKind(Ev.SIGNAL, (), ("TERM", "INT"), doc="the script was signalled and stops everything"),

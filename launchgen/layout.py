@@ -33,7 +33,8 @@ class GpuSlot:
     local_rank: int  # trainer: LOCAL_RANK; server: index among this node's server GPUs
     global_rank: int  # trainer: RANK; server: vLLM worker index over all server GPUs
     tp_rank: int | None = None  # server: TP rank; colocate: rank in the in-process vLLM TP group
-    dp_rank: int | None = None  # server: DP replica; colocate: vLLM TP group index
+    dp_rank: int | None = None  # server: DP rank within its replica; colocate: vLLM TP group index
+    replica: int | None = None  # server: the `vllm.replicas` replica this GPU serves
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Layout:
     tensor_parallel_size: int
     data_parallel_size: int
     server_cpu: bool = False  # a CPU vLLM server (vllm.device: cpu): no server GPUs
+    replicas: int = 1  # vllm.replicas: independent server groups of TP x DP GPUs each (launchgen.replicas)
 
     @property
     def shared(self) -> bool:
@@ -86,8 +88,8 @@ class Layout:
 
     @property
     def tp_dp_matches_server(self) -> bool:
-        """TP x DP is the server's GPU count (LG201's rule)."""
-        return self.tensor_parallel_size * self.data_parallel_size == self.server_world_size
+        """TP x DP x replicas is the server's GPU count (LG201's rule)."""
+        return self.tensor_parallel_size * self.data_parallel_size * self.replicas == self.server_world_size
 
     @property
     def server_tp_fits_node(self) -> bool:
@@ -101,14 +103,20 @@ class Layout:
 
     @property
     def data_parallel_size_local(self) -> int:
-        """Server DP replicas per server node (the whole DP size where the layout does not divide)."""
+        """Server DP ranks per server node of one replica (the whole DP size where the layout does not divide)."""
         if self.mode == "server" and self.tp_dp_matches_server and self.server_tp_fits_node:
-            return self.server_gpus_per_node // self.tensor_parallel_size
+            size = self.tensor_parallel_size * self.data_parallel_size
+            return min(self.server_gpus_per_node, size) // self.tensor_parallel_size
         return self.data_parallel_size
 
     @property
+    def replica_nodes(self) -> int:
+        """Nodes one replica spans (1 where several replicas share a node)."""
+        return max(1, len(self.server_positions) // self.replicas)
+
+    @property
     def multi_node_dp(self) -> bool:
-        return self.mode == "server" and len(self.server_positions) > 1 and self.data_parallel_size > 1
+        return self.mode == "server" and self.replica_nodes > 1 and self.data_parallel_size > 1
 
     def slots(self, position: int) -> tuple[GpuSlot, ...]:
         """The GPU slots of node `position`, sorted by GPU; ranks follow the GPU lists' order."""
@@ -116,9 +124,11 @@ class Layout:
         out: list[GpuSlot] = []
         if position in self.server_positions:
             k = self.server_positions.index(position)
+            size = max(self.tensor_parallel_size * self.data_parallel_size, 1)
             for j, gpu in enumerate(self.server_gpus):
-                w = k * len(self.server_gpus) + j
-                out.append(GpuSlot(gpu, "server", j, w, w % tp, w // tp))
+                g = k * len(self.server_gpus) + j
+                w = g % size  # worker index within its replica
+                out.append(GpuSlot(gpu, "server", j, w, w % tp, w // tp, g // size))
         if position in self.trainer_positions:
             m = self.trainer_positions.index(position)
             for j, gpu in enumerate(self.trainer_gpus):
@@ -171,4 +181,5 @@ def resolve_layout(spec: Spec) -> Layout:
         tensor_parallel_size=v.tensor_parallel_size if v is not None else 1,
         data_parallel_size=v.data_parallel_size if v is not None else 1,
         server_cpu=v is not None and v.mode == "server" and v.device == "cpu",
+        replicas=v.replicas if v is not None and v.mode == "server" else 1,
     )

@@ -3,11 +3,10 @@
 Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` read)
 -----------------------------------------------------------------------------------
 ``build_plan(loaded: LoadedSpec) -> Plan``
-    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted; the one user
-    error it still raises (``SpecError``) is LG901 ``train.args.<field>``: the trainer arguments do not validate
-    as a ``TrainerConfig``. LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
+    Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted and reports
+    no user error itself; LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    Every other rule is a check (``launchgen/rules/``; LG902-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    Every rule is a check (``launchgen/rules/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
     the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
     internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
     predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
@@ -49,12 +48,14 @@ import json
 import yaml
 
 from launchgen import __version__
+from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
-from launchgen.issues import Issue, SpecError
+from launchgen.issues import Issue
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.loader import LoadedSpec
+from launchgen.ownership import owned_args
 from launchgen.planmodel import (
     HEALTH_CLIENT_MARGIN_S,
     HEALTH_REQUEST_TIMEOUT_S,
@@ -72,19 +73,23 @@ from launchgen.planmodel import (
     PlanInvariantError,
     Port,
     Ref,
+    ReplicaPlan,
     ServerCommand,
     ServerPlan,
     SlurmPlan,
     TrainerPlan,
     Word,
     _invariant,
+    runtime_var_documented,
 )
 from launchgen.precision import precision_conflict, resolve_precision, server_dtype
+from launchgen.replicas import ReplicaPlace
+from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
 from launchgen.rules.cpuserver import cpu_server_problem
 from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
-from launchgen.trainer_config import build_trainer_config
+from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
 
 # The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
@@ -92,9 +97,10 @@ from launchgen.trainers.config import TrainerConfig
 __all__ = [
     "COMPLETE_MARKER", "EXIT_SERVER_FAILED", "HEALTH_CLIENT_MARGIN_S", "HEALTH_REQUEST_TIMEOUT_S", "MAX_PORT_OFFSET",
     "POLL_INTERVAL_S", "RUNTIME_VARS", "STOP_GRACE_S", "Argv", "Endpoint", "EnvVar", "GpuAssignment", "GpuSlot",
-    "NodePlan", "Override", "Plan", "PlanInvariantError", "Port", "Ref", "ServerCommand", "ServerPlan", "SlurmPlan",
+    "NodePlan", "Override", "Plan", "PlanInvariantError", "Port", "Ref", "ReplicaPlan", "ServerCommand", "ServerPlan", "SlurmPlan",
     "TrainerPlan", "Word", "accelerate_config", "bash_issues", "build_plan", "build_trainer_config", "node_layout",
-    "plan_cpus_per_node", "resolve_gpus", "resolve_ports", "resolve_precision", "spec_canonical_json", "spec_hash",
+    "plan_cpus_per_node", "resolve_gpus", "resolve_ports", "resolve_precision", "runtime_var_documented", "spec_canonical_json",
+    "spec_hash",
 ]
 
 
@@ -146,15 +152,21 @@ def resolve_ports(spec: Spec) -> tuple[Port, ...]:
              "every trainer process", "train.main_process_port"),
     ]
     if v is not None and v.mode == "server":
-        leader = server_pos[0]
-        ports.append(Port("server_http", v.port, "LG_SERVER_PORT", leader, "vllm serve (HTTP API)",
-                          "trainer rank 0 and the supervisor", "vllm.port"))
-        ports.append(Port("group", v.group_port, "LG_GROUP_PORT", 0,
-                          "trainer rank 0 (NCCL weight-transfer rendezvous)", "every server worker",
-                          "vllm.group_port"))
-        if v.nodes > 1 and v.data_parallel_size > 1:
-            ports.append(Port("dp_rpc", v.dp_rpc_port, "LG_DP_RPC_PORT", leader, "vllm serve (DP coordinator)",
-                              "headless server nodes", "vllm.dp_rpc_port"))
+        lay = resolve_layout(spec)
+        places = replica_places(lay, v.replicas)
+        # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks
+        leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
+        for k, leader in enumerate(leaders):
+            sfx, of = ("", "") if k == 0 else (f"_R{k}", f" replica {k}")
+            ports.append(Port("server_http", ports_rule.replica_port(v.port, k), "LG_SERVER_PORT" + sfx, leader,
+                              f"vllm serve{of} (HTTP API)", "trainer rank 0 and the supervisor", "vllm.port", k))
+            ports.append(Port("group", ports_rule.replica_port(v.group_port, k), "LG_GROUP_PORT" + sfx, 0,
+                              f"trainer rank 0 (NCCL weight-transfer rendezvous{of})", "every server worker",
+                              "vllm.group_port", k))
+            if lay.multi_node_dp:
+                ports.append(Port("dp_rpc", ports_rule.replica_port(v.dp_rpc_port, k), "LG_DP_RPC_PORT" + sfx,
+                                  leader, f"vllm serve{of} (DP coordinator)", "headless server nodes",
+                                  "vllm.dp_rpc_port", k))
     if v is not None and v.mode == "colocate":
         ports.append(Port("colocate_master", t.colocate_master_port, "LG_COLOCATE_MASTER_PORT", 0,
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
@@ -241,6 +253,7 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
+    _invariant(not owned_args(spec.train.args), "train.args sets a field the spec owns (LG902)")
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
@@ -248,23 +261,16 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _assert_parallel_layout(lay)
 
 
-def _trainer_config(spec: Spec, precision: str, loaded: LoadedSpec) -> TrainerConfig:
-    """The trainer's config; its own validation errors (LG901) carry the YAML line of `train.args.<field>`."""
-    try:
-        return build_trainer_config(spec, precision, spec.job.output_dir.rstrip("/") + "/trainer", loaded)
-    except SpecError as e:
-        raise SpecError([i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path))
-                         for i in e.issues]) from None
-
-
 def build_plan(loaded: LoadedSpec) -> Plan:
     """The plan of a spec the checks accepted: assembles the parts from the layout and asserts the checks' rules
-    (PlanInvariantError); the only user error left here is LG901, the trainer config's own validation."""
+    (PlanInvariantError, an internal error: run_checks reports every user mistake before calling this)."""
     spec = loaded.spec
     lay = resolve_layout(spec)
     _assert_checked(spec, lay)
     precision = resolve_precision(spec)
-    config = _trainer_config(spec, precision, loaded)
+    config, _ = resolve_trainer_config(spec, loaded)
+    _invariant(config is not None, "train.args does not validate as the trainer's config (LG901)")
+    assert config is not None
     gpus = resolve_gpus(spec)
     batch_log = f"{spec.job.name}-%j.out"
     s = spec.slurm
@@ -291,24 +297,25 @@ def _endpoints(lay: Layout, gpus: GpuAssignment) -> tuple[Endpoint, ...]:
     first = gpus.trainer_positions[0]
     endpoints = [Endpoint("trainer processes", first, "main_process", Ref("LG_MAIN_PROCESS_IP"),
                           "torch/accelerate rendezvous")]
-    if lay.mode == "server":
-        leader = gpus.server_positions[0]
+    places = replica_places(lay, lay.replicas) if lay.mode == "server" else None
+    for rp in places or ():
+        what, sfx = ("", "") if lay.replicas == 1 else (f" (replica {rp.index})", f"_R{rp.index}" if rp.index else "")
         endpoints += [
-            Endpoint("trainer rank 0, supervisor", leader, "server_http", Ref("LG_SERVER_HOST"),
-                     "generation requests, weight-update control, /health"),
-            Endpoint("server workers", first, "group", Ref("LG_MAIN_PROCESS_IP"),
+            Endpoint("trainer rank 0, supervisor", rp.positions[0], "server_http", Ref("LG_SERVER_HOST" + sfx),
+                     "generation requests, weight-update control, /health" + what),
+            Endpoint("server workers" + what, first, "group", Ref("LG_MAIN_PROCESS_IP"),
                      "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
         ]
         if lay.multi_node_dp:
-            endpoints.append(Endpoint("headless server nodes", leader, "dp_rpc", Ref("LG_DP_ADDRESS"),
-                                      "vLLM data-parallel coordination"))
+            endpoints.append(Endpoint("headless server nodes" + what, rp.positions[0], "dp_rpc",
+                                      Ref("LG_DP_ADDRESS"), "vLLM data-parallel coordination"))
     if lay.mode == "colocate":
         endpoints.append(Endpoint("trainer processes (vLLM)", first, "colocate_master",
                                   Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
     return tuple(endpoints)
 
 
-def _server_common_argv(spec: Spec, lay: Layout) -> list[Word]:
+def _server_common_argv(spec: Spec, lay: Layout, dp_rpc_var: str = "LG_DP_RPC_PORT") -> list[Word]:
     """The `vllm serve` words every server node runs (the leader adds host and port, the others --headless)."""
     v = spec.vllm
     assert v is not None
@@ -323,7 +330,7 @@ def _server_common_argv(spec: Spec, lay: Layout) -> list[Word]:
         common += ["--data-parallel-size", str(dp)]
     if lay.multi_node_dp:
         common += ["--data-parallel-size-local", str(lay.data_parallel_size_local), "--data-parallel-address",
-                   Ref("LG_DP_ADDRESS"), "--data-parallel-rpc-port", Ref("LG_DP_RPC_PORT")]
+                   Ref("LG_DP_ADDRESS"), "--data-parallel-rpc-port", Ref(dp_rpc_var)]
     if v.device == "cuda":
         common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
     if v.kv_cache_memory_bytes is not None:
@@ -342,33 +349,45 @@ def _server_common_argv(spec: Spec, lay: Layout) -> list[Word]:
 def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
     v = spec.vllm
     assert v is not None
+    places = replica_places(lay, v.replicas)
+    _invariant(places is not None, "the server replicas do not cut the server GPUs into equal parts (LG201/LG220)")
+    assert places is not None
+    replicas = tuple(_replica_plan(spec, lay, rp) for rp in places)
+    return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, lay.data_parallel_size,
+                      lay.data_parallel_size_local, lay.multi_node_dp, v.bind, replicas[0].commands, replicas[0].env,
+                      "/health", v.health_timeout, " ".join(v.executable_words), replicas)
+
+
+def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
+    """One replica's commands (leader, then headless DP nodes) and environment; its ports are `base + index`."""
+    v = spec.vllm
+    assert v is not None
+    sfx = "" if rp.index == 0 else f"_R{rp.index}"  # its script variables (ReplicaPlan.var)
     dp, dp_local = lay.data_parallel_size, lay.data_parallel_size_local
-    common = _server_common_argv(spec, lay)
+    common = _server_common_argv(spec, lay, "LG_DP_RPC_PORT" + sfx)
     commands = []
-    for k, pos in enumerate(gpus.server_positions):
+    for k, pos in enumerate(rp.positions):
         if k == 0:
             argv: list[Word] = [*common]
             if dp > 1:
                 # vLLM defaults to one API server per DP rank; only one would carry the dev routes
                 argv += ["--api-server-count", "1"]
-            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT")]
+            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT" + sfx)]
         else:
             argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
         argv += list(v.extra_args)
         commands.append(ServerCommand(pos, k, tuple(argv)))
     senv = [
-        EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(gpus.server_gpus), False) if v.device == "cuda"
+        EnvVar("CUDA_VISIBLE_DEVICES", _select_gpus_expr(rp.gpus), False) if v.device == "cuda"
         else EnvVar("CUDA_VISIBLE_DEVICES", ""),
         EnvVar("VLLM_SERVER_DEV_MODE", "1"),
         EnvVar("VLLM_HOST_IP", '"$LG_NODE_ADDR"', False),
         *_user_env(spec, "server"),
     ]
-    return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, dp, dp_local,
-                      lay.multi_node_dp, v.bind, tuple(commands), tuple(senv), "/health", v.health_timeout,
-                      " ".join(v.executable_words))
+    return ReplicaPlan(rp.index, rp.name, rp.positions, rp.gpus, tuple(commands), tuple(senv), v.replicas)
 
 
-def _trainer_overrides(mode: str) -> list[Override]:
+def _trainer_overrides(mode: str, replicas: int = 1) -> list[Override]:
     """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
     overrides = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
     if mode == "server":
@@ -378,6 +397,9 @@ def _trainer_overrides(mode: str) -> list[Override]:
             Override("generation.vllm_server.group_port",
                      Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
         ]
+        if replicas > 1:
+            overrides.append(Override("generation.vllm_server.replicas",
+                                      Ref("LG_REPLICAS_YAML", "generation.vllm_server.replicas=")))
     return overrides
 
 
@@ -401,7 +423,7 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
     t = spec.train
     num_machines, num_processes = lay.num_machines, lay.world_size
     module = f"launchgen.trainers.{t.trainer}"
-    overrides = _trainer_overrides(lay.mode)
+    overrides = _trainer_overrides(lay.mode, lay.replicas)
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),

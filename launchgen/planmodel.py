@@ -31,7 +31,7 @@ HEALTH_CLIENT_MARGIN_S = 60
 #: Seconds between two supervisor polls.
 POLL_INTERVAL_S = 1
 
-#: Variables the rendered scripts set; a Ref names one of these.
+#: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
 RUNTIME_VARS: dict[str, str] = {
     "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
     "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
@@ -43,6 +43,7 @@ RUNTIME_VARS: dict[str, str] = {
     "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
     "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
     "LG_SERVER_PORT": "vllm.port + offset",
+    "LG_REPLICAS_YAML": "every replica's host, port and group port as a YAML list (vllm.replicas > 1) [trainer step]",
     "LG_GROUP_PORT": "vllm.group_port + offset",
     "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
     "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
@@ -52,6 +53,12 @@ RUNTIME_VARS: dict[str, str] = {
     "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
     "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
 }
+
+
+def runtime_var_documented(var: str) -> bool:
+    """`var` is in RUNTIME_VARS, or is replica k's copy of one (`LG_SERVER_PORT_R1`, see `ReplicaPlan.var`)."""
+    base, sep, k = var.rpartition("_R")
+    return var in RUNTIME_VARS or (bool(sep) and k.isdigit() and base in RUNTIME_VARS)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class Port:
     bound_by: str
     reached_by: str
     spec_path: str
+    replica: int = 0  # the `vllm.replicas` replica a server port belongs to (its base is the spec's + replica)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,35 @@ class ServerCommand:
 
 
 @dataclass(frozen=True)
+class ReplicaPlan:
+    """One `vllm.replicas` server group: its nodes, GPUs, commands and the shell variables the script keeps for it."""
+
+    index: int
+    role: str  # "server" (replica 0) or "server-r<k>": its step script, step-id file and log names
+    positions: tuple[int, ...]  # leader first
+    gpus: tuple[int, ...]  # positions on each of its nodes
+    commands: tuple[ServerCommand, ...]
+    env: tuple[EnvVar, ...]
+    count: int = 1  # how many replicas the server has
+
+    @property
+    def suffix(self) -> str:
+        return "" if self.index == 0 else f"_R{self.index}"
+
+    def var(self, name: str) -> str:
+        """This replica's copy of a per-replica script variable (`LG_SERVER_HOST` -> `LG_SERVER_HOST_R1`)."""
+        return name + self.suffix
+
+    @property
+    def step(self) -> str:
+        return f"steps/{self.role}.sh"
+
+    @property
+    def label(self) -> str:
+        return "vLLM server" if self.count == 1 else f"vLLM server replica {self.index}"
+
+
+@dataclass(frozen=True)
 class ServerPlan:
     positions: tuple[int, ...]  # leader first
     gpus: tuple[int, ...]  # positions on each server node
@@ -148,6 +185,11 @@ class ServerPlan:
     health_path: str
     health_timeout: int
     executable: str
+    replicas: tuple[ReplicaPlan, ...] = ()  # every replica, replica 0 first (its commands and env are above)
+
+    @property
+    def multi_replica(self) -> bool:
+        return len(self.replicas) > 1
 
 
 @dataclass(frozen=True)
@@ -258,6 +300,8 @@ class Plan:
                 "health_path": self.server.health_path,
                 "health_timeout": self.server.health_timeout,
                 "argv": [[str(w) for w in c.argv] for c in self.server.commands],
+                "replicas": [{"index": r.index, "positions": list(r.positions), "gpus": list(r.gpus)}
+                             for r in self.server.replicas],
             },
             "trainer": {
                 "positions": list(self.trainer.positions),

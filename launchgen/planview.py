@@ -29,6 +29,8 @@ def command_line(argv: tuple[Word, ...]) -> str:
 def _slot_text(slot: GpuSlot, plan: Plan) -> str:
     if slot.role == "server":
         text = f"server TP{slot.tp_rank}"
+        if plan.server is not None and plan.server.multi_replica:
+            text = f"replica {slot.replica} TP{slot.tp_rank}"
         if plan.server is not None and plan.server.data_parallel_size > 1:
             text += f" DP{slot.dp_rank}"
         return text
@@ -63,7 +65,11 @@ def gpu_map(plan: Plan) -> Table:
         roles = ", ".join(n.roles)
         if n.machine_rank is not None:
             roles += f" (machine rank {n.machine_rank})"
-        if n.server_rank is not None and plan.server is not None and len(plan.server.positions) > 1:
+        if n.server_rank is not None and plan.server is not None and plan.server.multi_replica:
+            roles += " (replicas " + ", ".join(
+                f"{r.index}" + ("" if len(r.positions) == 1 else " leader" if r.positions[0] == n.position
+                                 else " headless") for r in plan.server.replicas if n.position in r.positions) + ")"
+        elif n.server_rank is not None and plan.server is not None and len(plan.server.positions) > 1:
             roles += " (server leader)" if n.server_rank == 0 else f" (server rank {n.server_rank}, headless)"
         table.add_row(str(n.position), roles, *cells)
     return table
@@ -98,8 +104,10 @@ def env_table(plan: Plan) -> Table:
     for col in ("role", "variable", "value", "from"):
         table.add_column(col)
     if plan.server is not None:
-        for e in plan.server.env:
-            table.add_row("server", e.name, _env_value(e), e.source)
+        for r in plan.server.replicas:
+            role = "server" if not plan.server.multi_replica else f"server replica {r.index}"
+            for e in r.env:
+                table.add_row(role, e.name, _env_value(e), e.source)
     for e in plan.trainer.env:
         table.add_row("trainer", e.name, _env_value(e), e.source)
     for name in plan.trainer.unset_env:
@@ -115,9 +123,12 @@ def command_table(plan: Plan) -> Table:
     table.add_column("nodes")
     table.add_column("command", overflow="fold")
     if plan.server is not None:
-        for c in plan.server.commands:
-            label = "server" if len(plan.server.commands) == 1 else f"server rank {c.server_rank}"
-            table.add_row(label, str(c.position), escape(command_line(c.argv)))
+        for r in plan.server.replicas:
+            for c in r.commands:
+                label = "server" if len(r.commands) == 1 else f"server rank {c.server_rank}"
+                if plan.server.multi_replica:
+                    label = label.replace("server", f"server replica {r.index}", 1)
+                table.add_row(label, str(c.position), escape(command_line(c.argv)))
     table.add_row("trainer", ",".join(str(p) for p in plan.trainer.positions),
                   escape(command_line(plan.trainer.argv)))
     return table
@@ -133,7 +144,8 @@ def summary_lines(plan: Plan) -> list[str]:
     if plan.server is not None:
         s = plan.server
         lines.append(f"server: {s.executable} serve, TP {s.tensor_parallel_size} x DP {s.data_parallel_size} on "
-                     f"node(s) {','.join(str(p) for p in s.positions)}, binds "
+                     f"node(s) {','.join(str(p) for p in s.positions)}"
+                     + (f", {len(s.replicas)} replicas" if s.multi_replica else "") + ", binds "
                      f"{'the node address' if s.bind == 'node' else s.bind}, /health timeout {s.health_timeout} s")
     lines.append(f"job dir: {plan.layout.output_dir} (logs: {plan.layout.server_log.split('/server')[0]}/"
                  "<role>-<node>.log)")

@@ -76,3 +76,9 @@ def cross_job_clash(a: int, b: int) -> tuple[int, int] | None:
     """Offsets (of a, of b) of two jobs at which port a of one lands on port b of the other, if any."""
     at = {shift(a, o): o for o in OFFSETS}
     return next(((at[p], o) for o in OFFSETS if (p := shift(b, o)) in at and at[p] != o), None)
+
+
+def replica_port(base: int, replica: int) -> int:
+    """The base port of `vllm.replicas` replica `replica` (0 keeps `base`; launchgen.replicas caps the count at 10,
+    so a job's replica ports stay inside the 10 ports between two jobs' offsets)."""
+    return base + replica

@@ -124,7 +124,8 @@ def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     steps = {"steps/trainer.sh": env.get_template("steps/trainer.sh.j2").render(ctx),
              "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
     if plan.server is not None:
-        steps["steps/server.sh"] = env.get_template("steps/server.sh.j2").render(ctx)
+        for r in plan.server.replicas:  # one step script per replica (steps/server.sh, steps/server-r1.sh, ...)
+            steps[r.step] = env.get_template("steps/server.sh.j2").render({**ctx, "replica": r})
     return steps
 
 

@@ -277,6 +277,13 @@ class VLLMSpec(_Section):
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="`--tensor-parallel-size`.")
     data_parallel_size: int = Field(default=1, ge=1, description="`--data-parallel-size` (discouraged for dense models).")
+    replicas: int = Field(
+        default=1, ge=1,
+        description="Server mode: independent `vllm serve` groups of tensor_parallel_size x data_parallel_size GPUs "
+        "each, on their own GPUs (dedicated nodes split between them, or `gpus` cut into equal slices); ports are "
+        "`port + k`, `group_port + k` for replica k. The trainer sends all samples of a prompt to one replica, "
+        "balances by load and pushes every weight update to all of them.",
+    )
     port: int = Field(default=ports.SERVER_HTTP_DEFAULT, description="HTTP port of the server.")
     group_port: int = Field(
         default=ports.GROUP_DEFAULT,

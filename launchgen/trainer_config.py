@@ -1,8 +1,15 @@
 """The trainer's config from the spec: `train.args` plus the fields the spec owns, validated as the trainer's own
-`TrainerConfig` (pydantic only, cheap to import)."""
+`TrainerConfig` (pydantic only, cheap to import: `check` imports no torch).
+
+`resolve_trainer_config` runs before the checks (`Ctx.trainer_cfg`): checks read typed fields with the
+trainer's own defaults, LG901 (`rules/trainerargs.py`) reports what does not validate, and `build_plan` embeds
+the same config.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -10,64 +17,23 @@ from pydantic import ValidationError
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import owned_args
-from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S, _err, _invariant
+from launchgen.ownership import Filled, fill_owned, owned_args, owned_paths, without_owned
+from launchgen.planmodel import _err, _invariant
+from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 
 
-def build_trainer_config(spec: Spec, precision: str, output_dir: str,
-                         loaded: LoadedSpec | None = None) -> TrainerConfig:
-    """The resolved TrainerConfig (train.args + what the spec owns); raises SpecError (LG901)."""
-    import copy
-
-    args = copy.deepcopy(spec.train.args)
+def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: LoadedSpec | None = None,
+                         args: Mapping[str, Any] | None = None) -> TrainerConfig:
+    """The resolved TrainerConfig (`args`, by default train.args, + what the spec owns); raises SpecError (LG901)."""
+    args = copy.deepcopy(dict(spec.train.args if args is None else args))
     _invariant(not owned_args(args), "train.args sets a field the spec owns (LG902)")
-    v, t, m = spec.vllm, spec.train, spec.model
-    data: dict[str, Any] = {
-        "trainer": t.trainer,
-        "output_dir": output_dir,
-        "precision": precision,
-        "model": {
-            "name_or_path": m.name_or_path,
-            "revision": m.revision,
-            "trust_remote_code": m.trust_remote_code,
-            "dtype": m.dtype,
-            "attn_implementation": t.attn_implementation,
-            "use_liger_kernel": t.use_liger_kernel,
-            "gradient_checkpointing": t.gradient_checkpointing,
-        },
-    }
-    data.update(args)
-    gen = data.setdefault("generation", {})
-    if not isinstance(gen, dict):
+    data: dict[str, Any] = args
+    if not isinstance(data.get("generation", {}), dict):
         raise SpecError([_err("LG901", "train.args.generation", "must be a mapping",
                               "Write `generation:` as a mapping of generation settings.", loaded)])
-    if v is None:
-        gen["backend"] = "hf"
-    elif v.mode == "server":
-        gen["backend"] = "vllm_server"
-        srv = gen.setdefault("vllm_server", {})
-        if isinstance(srv, dict):
-            # host and the ports are replaced at run time (--set); these are the base values
-            srv.update({"port": v.port, "group_port": v.group_port,
-                        "health_timeout": float(v.health_timeout + HEALTH_CLIENT_MARGIN_S)})
-    else:
-        gen["backend"] = "vllm_colocate"
-        col = gen.setdefault("vllm_colocate", {})
-        if isinstance(col, dict):
-            col.update({
-                "tensor_parallel_size": v.tensor_parallel_size,
-                "gpu_memory_utilization": v.gpu_memory_utilization if "gpu_memory_utilization"
-                in v.model_fields_set else 0.3,
-                "max_model_len": v.max_model_len,
-                "enable_sleep_mode": v.enable_sleep_mode,
-            })
-            # only when set, so a spec that leaves them alone gets the engine's own defaults
-            if v.kv_cache_memory_bytes is not None:
-                col["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
-            if v.enforce_eager:
-                col["enforce_eager"] = True
+    fill_owned(data, Filled(spec, precision, output_dir))
     try:
         return TrainerConfig.model_validate(data)
     except ValidationError as exc:
@@ -78,3 +44,52 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str,
         raise SpecError([Issue("LG901", i.path, i.message,
                                "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
                                if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
+
+
+def trainer_output_pattern(spec: Spec) -> str:
+    """The trainer's output_dir in the written config (the script replaces it with the expanded one, --set)."""
+    return spec.job.output_dir.rstrip("/") + "/trainer"
+
+
+def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None) -> tuple[TrainerConfig | None, list[Issue]]:
+    """The trainer's config for `spec`, or None and the LG901 issues (each with its `train.args` field and YAML
+    line). Arguments the spec owns are left out (LG902 reports them), so the rest is still read."""
+    try:
+        return build_trainer_config(spec, resolve_precision(spec), trainer_output_pattern(spec), loaded,
+                                    without_owned(spec.train.args)), []
+    except SpecError as e:
+        if loaded is None:
+            return None, list(e.issues)
+        return None, [i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path)) for i in e.issues]
+
+
+#: Where the trainer config's own definitions go in the spec's JSON Schema (apart from the spec's).
+_DEFS_PREFIX = "trainer."
+
+
+def _section(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+    """The object schema a property refers to (`$ref`, or the first `$ref` of an anyOf/allOf), if any."""
+    for cand in [node, *node.get("anyOf", []), *node.get("allOf", [])]:
+        ref = cand.get("$ref")
+        if isinstance(ref, str):
+            found = defs.get(ref.rsplit("/", 1)[-1])
+            return found if isinstance(found, dict) else None
+    return node if "properties" in node else None
+
+
+def args_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON Schema of `train.args`: the trainer's `TrainerConfig` without the arguments the spec owns (LG902),
+    and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and validation)."""
+    schema = TrainerConfig.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
+    defs = {_DEFS_PREFIX + k: v for k, v in schema.pop("$defs", {}).items()}
+    for path in owned_paths():
+        *parents, leaf = path.split(".")
+        node: dict[str, Any] | None = schema
+        for part in parents:
+            node = _section(node.get("properties", {}).get(part, {}), defs) if node is not None else None
+        if node is not None:
+            node.get("properties", {}).pop(leaf, None)
+            if leaf in node.get("required", []):
+                node["required"].remove(leaf)
+    schema["title"] = "train.args"
+    return schema, defs

@@ -94,7 +94,11 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("ds3_gather_for_generation", _GR, "", "weights are pushed to vLLM from gathered shards automatically"),
     # --- optimisation and run ---
     TrlName("output_dir", _ONLINE, "job.output_dir"),
-    TrlName("num_train_epochs", _ONLINE, f"{_A}.max_steps", "launchgen counts optimizer steps"),
+    TrlName("num_train_epochs", _ONLINE, f"{_A}.num_train_epochs", "when set, decides the step count (max_steps ignored)"),
+    TrlName("save_strategy", _ONLINE, f"{_A}.save_strategy", "steps, epoch or no (signal and final checkpoints always)"),
+    TrlName("eval_strategy", _ONLINE, f"{_A}.eval_strategy", "no or steps"),
+    TrlName("eval_steps", _ONLINE, f"{_A}.eval_steps"),
+    TrlName("dataset_test_split", (SCRIPT,), f"{_A}.eval_data.split", "eval_data takes the same fields as data"),
     TrlName("resume_from_checkpoint", _ONLINE, f"{_A}.resume", "`auto` resumes the newest checkpoint"),
     TrlName("learning_rate", _ONLINE, f"{_A}.learning_rate"),
     TrlName("per_device_train_batch_size", _ONLINE, f"{_A}.per_device_train_batch_size",

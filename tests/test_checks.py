@@ -100,6 +100,16 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG908", {"vllm": DELETE, "train": {"device": "cpu", "gpus": [0]}}, "train.gpus", "gpus:", 1, "error"),
     ("LG201", {"vllm": {"tensor_parallel_size": 2}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1,
      "error"),
+    ("LG201", {"vllm": {"tensor_parallel_size": 2, "replicas": 3}}, "vllm.tensor_parallel_size",
+     "tensor_parallel_size", 1, "error"),
+    ("LG220", {"vllm": {"nodes": 3, "gpus": DELETE, "tensor_parallel_size": 2, "data_parallel_size": 3,
+                        "replicas": 4}}, "vllm.replicas", "replicas", 1, "error"),
+    ("LG221", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "replicas": 2}}, "vllm.replicas", "replicas", 1, "error"),
+    ("LG222", {"slurm": {"gpus_per_node": 16}, "vllm": {"gpus": list(range(11)), "tensor_parallel_size": 1,
+                                                        "replicas": 11}}, "vllm.replicas", "replicas", 1, "error"),
+    ("LG223", {"vllm": {"bind": "127.0.0.1", "tensor_parallel_size": 2, "replicas": 2}}, "vllm.bind", "bind", 1,
+     "error"),
     ("LG202", {"vllm": {"nodes": 2, "gpus": [0, 1, 2], "tensor_parallel_size": 6}},
      "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
     ("LG206", {"vllm": {"max_model_len": 1000},
@@ -113,6 +123,8 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "train.backend", "backend:", 1, "info"),
     ("LG302", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
                "train": {"backend": "deepspeed_zero3"}}, "train.backend", "backend:", 1, "warning"),
+    ("LG360", {"train": {"args": {"num_train_epochs": 2, "max_steps": 50}}}, "train.args.max_steps", "max_steps", 1,
+     "warning"),
     ("LG303", {"train": {"args": {"num_generations": 3}}}, "train.args.num_generations", "num_generations", 1,
      "error"),
     ("LG350", {"vllm": DELETE, "train": {"args": {"generation": {"max_staleness": 1}}}},
@@ -207,6 +219,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
+    ("LG901", {"train": {"args": {"learning_rate": -1}}}, "train.args.learning_rate", "learning_rate", 1, "error"),
     ("LG907", {"slurm": {"account": "a b"}}, "slurm.account", "account:", 1, "error"),
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
@@ -345,6 +358,24 @@ def test_plan_errors_become_issues(model_dir: Path) -> None:
     assert issues[0].line is not None
 
 
+def test_trainer_config_is_resolved_before_the_checks(model_dir: Path) -> None:
+    # LG901 is a spec-stage check: reported beside the other spec errors, not only once they are fixed
+    bad = merge(base(model_dir), {"vllm": {"gpus": [0, 1, 2, 9]}, "train": {"args": {"learning_rate": -1}}})
+    plan, issues = run_checks(load_spec_text(render(bad), "spec.yaml"), env={})
+    assert plan is None and {(i.code, i.path) for i in issues if i.severity == "error"} == {
+        ("LG101", "vllm.gpus.3"), ("LG901", "train.args.learning_rate")}
+    # the checks read typed fields with the trainer's own defaults (rloo: num_generations 2)
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(merge(base(model_dir), {"train": {"trainer": "rloo"}})), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 2
+    assert ctx.trainer_cfg.steps_per_generation == ctx.trainer_cfg.gradient_accumulation_steps == 1
+    # an argument the spec owns is left out of the config (LG902 reports it), the rest is still read
+    owned = merge(base(model_dir), {"train": {"args": {"output_dir": "/x", "num_generations": 4}}})
+    ctx = Ctx(load_spec_text(render(owned), "spec.yaml"), env={})
+    assert ctx.trainer_cfg is not None and ctx.trainer_cfg.num_generations == 4
+
+
 @pytest.mark.parametrize(("value", "code"), [("bf16", "LG902"), ("fp16", "LG606")])
 def test_owned_argument_gets_one_message(model_dir: Path, value: str, code: str) -> None:
     # `precision` in train.args is owned by the spec: LG902, or LG606 where it contradicts train.precision
@@ -368,3 +399,11 @@ def test_max_staleness_with_a_server_and_grpo_is_clean(model_dir: Path) -> None:
     loaded = load_spec_text(render(spec), "spec.yaml")
     plan, issues = run_checks(loaded, env={})
     assert issues == [] and plan is not None
+
+
+@pytest.mark.parametrize("row", [c for c in CASES if c[5] == "error" and c[0] != "LG901"], ids=lambda c: c[0])
+def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, row: tuple[Any, ...]) -> None:
+    # the trainer config refuses some of these too (staleness, peft): a check names the field, LG901 stands down
+    code, patch = row[0], row[1]
+    errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
+    assert ("LG901", "train.args") not in errors, (code, errors)

@@ -277,6 +277,9 @@ def test_local_model_path(submit: Path) -> None:
     assert r.exit_code == 0 and " warning " in lines(r, "LG211")[0]
     assert check(spec(model="examples/tiny-model"), "--strict").exit_code == 2
     assert not lines(check(spec(model="Qwen/Qwen2.5-0.5B")), "LG21")
+    # `~user` of no user, and a name too long for a path: reported, never a traceback
+    assert "does not exist" in failed(check(spec(model="~nosuchuser0")), "LG210", "model.name_or_path")
+    failed(check(spec(model="./" + "m" * 300)), "LG210", "model.name_or_path")
 
 
 # ------------------------------------------------------------------------------------------------ setup (--live)

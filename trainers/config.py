@@ -108,12 +108,26 @@ class DataSection(_Strict):
 
 
 class RewardSpec(_Strict):
-    name: str = Field(
+    name: str | None = Field(
+        default=None,
         description="Built-in (`accuracy`, `format`, `length`) or `package.module:function` with TRL's call "
-        "convention f(prompts, completions, **columns) -> list[float | None]."
+        "convention f(prompts, completions, **columns) -> list[float | None]; with `model`, the metric name "
+        "(default: the model folder's name).",
     )
+    model: str | None = Field(
+        default=None,
+        description="A sequence-classification reward model (local folder or Hub id, one output): scores prompt + "
+        "completion (its chat template for conversational data), batched, on the trainer's device, bf16 on GPU.",
+    )
+    batch_size: int = Field(default=32, ge=1, description="With `model`: completions per forward pass.")
     weight: float = Field(default=1.0, description="Weight in the weighted sum of rewards.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for the function.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        if self.name is None and self.model is None:
+            raise ValueError("a reward needs `name` (a function) or `model` (a reward model)")
+        return self
 
 
 class ReplicaAddress(_Strict):
@@ -333,7 +347,13 @@ class TrainerConfig(AlgorithmOptions):
         "only activation memory shrinks. null: the whole micro-batch in one pass, as TRL.",
     )
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
-    max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run.")
+    max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run (unless num_train_epochs is set).")
+    num_train_epochs: float | None = Field(
+        default=None, gt=0,
+        description="When set, train this many passes over the data (fractions allowed) instead of max_steps: the "
+        "step count is ceil(epochs x rows / rows per optimizer step), rows being prompts (online trainers) or "
+        "examples (sft), known once the data and the process count are (the trainer prints it).",
+    )
 
     # sft
     max_length: int | None = Field(
@@ -346,9 +366,24 @@ class TrainerConfig(AlgorithmOptions):
     )
 
     # checkpoints and logs
+    save_strategy: Literal["steps", "epoch", "no"] = Field(
+        default="steps",
+        description="When to checkpoint besides on a signal and at the end (those two always happen: requeue and "
+        "the completion marker rely on them): `steps` every save_steps, `epoch` at each pass over the data, `no` never.",
+    )
     save_steps: int = Field(default=50, ge=0, description="Checkpoint every N optimizer steps (0: only on signal/end).")
     save_total_limit: int | None = Field(default=2, ge=1, description="Keep at most N checkpoints.")
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
+    eval_data: DataSection | None = Field(
+        default=None,
+        description="Evaluation prompts (same fields as `data`; online trainers): each evaluation generates "
+        "num_generations completions per prompt with the training sampling settings and logs their reward metrics "
+        "under `eval/`.",
+    )
+    eval_strategy: Literal["no", "steps"] = Field(
+        default="no", description="`steps`: evaluate on eval_data every eval_steps optimizer steps and after the last."
+    )
+    eval_steps: int | None = Field(default=None, ge=1, description="Steps between evaluations (default: logging_steps).")
     logging_steps: int = Field(
         default=1, ge=1, description="Log every N optimizer steps (each key averaged over the window, as TRL)."
     )
@@ -402,6 +437,10 @@ class TrainerConfig(AlgorithmOptions):
             self.steps_per_generation = self.gradient_accumulation_steps
         if self.trainer == "sft" and self.generation.backend != "hf":
             raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        if self.eval_strategy == "steps" and self.eval_data is None:
+            raise ValueError("eval_strategy: steps needs eval_data (the evaluation prompts)")
+        if self.eval_data is not None and self.trainer not in ONLINE_TRAINERS:
+            raise ValueError(f"eval_data: {self.trainer} does not generate; evaluation is for grpo, rloo and online_dpo")
         g = self.generation
         if g.max_staleness:
             refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)

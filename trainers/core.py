@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 from launchgen.trainers import checkpoint as ckpt
-from launchgen.trainers import reporting, resume
+from launchgen.trainers import epochs, reporting, resume
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.evaluation import Evaluator
 from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
@@ -73,6 +74,13 @@ class Trainer:
         self.source: BatchSource = self.objective.make_source(acc)
         self.tokenizer = modeling.load_tokenizer(cfg)
         self.source.after_tokenizer(self.tokenizer)
+        if cfg.num_train_epochs is not None:
+            cfg.max_steps = epochs.steps_for(cfg.num_train_epochs, self.source.sampler.n, self.source.rows_per_batch,
+                                             self.geometry)
+            if acc.is_main_process:
+                print(f"[launchgen] num_train_epochs {cfg.num_train_epochs:g} over {self.source.sampler.n} rows: "
+                      f"{cfg.max_steps} optimizer steps", flush=True)
+        self.evaluator = Evaluator(self.source) if cfg.eval_strategy == "steps" else None
         self._load_models()
         self.source.start(self.model, self.ref_model, self.compiled)
         self.global_step = 0
@@ -185,6 +193,7 @@ class Trainer:
             "micro_step": self.micro_step,
             **self.source.state_dict(),
             "trainer": self.cfg.trainer,
+            "max_steps": self.cfg.max_steps,  # resolved (num_train_epochs): resume.decide's "already complete"
             resume.STATE_KEY: resume.fingerprint(self.cfg),
         }
 
@@ -232,16 +241,30 @@ class Trainer:
                 # last step the run is complete and a late signal changes nothing.
                 if self.signals.any_rank(acc):
                     return self._preempted()
+                done_before = epochs.completed(self.source.sampler)
                 step_metrics = self._step()
                 self.reporter.count_tokens(step_metrics.pop(STEP_TOKENS, 0.0))
+                if self.evaluator is not None and self._eval_due():
+                    step_metrics.update(self.evaluator.run())
                 self._record(step_metrics)
                 self.reporter.progress(step_metrics, self.source.progress_keys)
-                if cfg.save_steps and self.global_step % cfg.save_steps == 0 and self.global_step < cfg.max_steps:
+                if self._save_due(done_before) and self.global_step < cfg.max_steps:
                     self.save()
             return self._finish()
         finally:
             self.reporter.close()
             self.signals.uninstall()
+
+    def _eval_due(self) -> bool:
+        every = self.cfg.eval_steps or self.cfg.logging_steps
+        return self.global_step % every == 0 or self.global_step == self.cfg.max_steps
+
+    def _save_due(self, epochs_done_before: int) -> bool:
+        """A periodic checkpoint after this step (`save_strategy`); the final one is `_finish`'s."""
+        cfg = self.cfg
+        if cfg.save_strategy == "epoch":
+            return epochs.completed(self.source.sampler) > epochs_done_before
+        return cfg.save_strategy == "steps" and bool(cfg.save_steps) and self.global_step % cfg.save_steps == 0
 
     def _preempted(self) -> int:
         self.save()

@@ -24,7 +24,12 @@ from launchgen.trainers.errors import TrainerSetupError
 MAY_CHANGE: tuple[str, ...] = (
     "output_dir",  # the job directory may be moved or copied with its checkpoints
     "max_steps",  # extend (or shorten) a run
+    "num_train_epochs",  # the same, counted in passes over the data
+    "save_strategy",
     "save_steps",
+    "eval_strategy",
+    "eval_steps",
+    "eval_data",
     "save_total_limit",
     "save_final_model",
     "logging_steps",
@@ -124,10 +129,12 @@ def decide(cfg: TrainerConfig) -> ResumeDecision:
             raise _mismatch_error(cfg, path, diffs)
     elif differences(saved, fingerprint(cfg)):
         note = f"[launchgen] resume: force: continuing {path} although the config differs"
-    if (out / ckpt.COMPLETE_MARKER).is_file() and step >= cfg.max_steps:
+    # With num_train_epochs the step count is known only once the data is loaded: the checkpoint recorded it.
+    target = int(state.get("max_steps", cfg.max_steps)) if cfg.num_train_epochs is not None else cfg.max_steps
+    if (out / ckpt.COMPLETE_MARKER).is_file() and step >= target:
         return ResumeDecision(path, complete=True, note=(
             f"[launchgen] training already complete: {out / ckpt.COMPLETE_MARKER} (step {step}, max_steps "
-            f"{cfg.max_steps}); nothing to do. Raise max_steps to train further, or use a new output directory."))
+            f"{target}); nothing to do. Raise max_steps to train further, or use a new output directory."))
     return ResumeDecision(path, note=note)
 
 

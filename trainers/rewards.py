@@ -196,14 +196,23 @@ def resolve(name: str) -> RewardFn:
     return fn
 
 
-def load_rewards(specs: Sequence[RewardSpec]) -> list[LoadedReward]:
+def load_rewards(specs: Sequence[RewardSpec], device: Any = None) -> list[LoadedReward]:
+    """The reward functions; reward models (`model:`) are loaded onto `device` (default: CPU)."""
     if not specs:
         raise TrainerSetupError("rewards: at least one reward function is needed")
     out: list[LoadedReward] = []
     seen: dict[str, int] = {}
-    for spec in specs:
-        fn = resolve(spec.name)
-        base = spec.name if spec.name in BUILTINS else getattr(fn, "__name__", spec.name.rpartition(":")[2])
+    for i, spec in enumerate(specs):
+        fn: RewardFn
+        if spec.model is not None:
+            from launchgen.trainers.reward_model import ModelReward, metric_name
+
+            fn = ModelReward(spec.model, device, spec.batch_size, f"rewards.{i}.model")
+            base = spec.name or metric_name(spec.model)
+        else:
+            assert spec.name is not None  # RewardSpec's validator: a name or a model
+            fn = resolve(spec.name)
+            base = spec.name if spec.name in BUILTINS else getattr(fn, "__name__", spec.name.rpartition(":")[2])
         seen[base] = seen.get(base, 0) + 1
         name = base if seen[base] == 1 else f"{base}_{seen[base]}"
         out.append(LoadedReward(name=name, fn=fn, weight=spec.weight, kwargs=dict(spec.kwargs)))

@@ -57,11 +57,12 @@ class Rollout:
         self._version = 0  # optimizer steps in the weights the server holds
         self.rows = load_rows(cfg.data)
         self.sampler = PromptSampler(len(self.rows), cfg.seed, cfg.data.shuffle)
-        self.rewards: list[LoadedReward] = load_rewards(cfg.rewards)
+        self.rewards: list[LoadedReward] = load_rewards(cfg.rewards, accelerator.device)
         self.reward_weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self._prompt_cache: dict[int, list[int]] = {}
         #: Prompt + completion tokens generated so far, all processes (TRL's num_input_tokens_seen: `num_tokens`).
         self.num_tokens = 0
+        self.rows_per_batch = self.geometry.global_gen // self.geometry.G  # prompts one generation batch draws
 
     def after_tokenizer(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

@@ -226,6 +226,7 @@ class ExampleSource:
 
     def __init__(self, cfg: TrainerConfig, accelerator: Any, geometry: Geometry) -> None:
         self.cfg, self.accelerator, self.geometry = cfg, accelerator, geometry
+        self.rows_per_batch = geometry.global_gen  # examples one "generation batch" draws
         self.rows = read_rows(cfg.data)
         self.format = detect_format(self.rows[0], cfg.data.prompt_column)
         self.sampler = PromptSampler(len(self.rows), cfg.seed, cfg.data.shuffle)

@@ -105,6 +105,24 @@ def build_tiny_model(
     return out
 
 
+def build_tiny_reward_model(out_dir: str | Path, seed: int = 1, hidden_size: int = 32) -> Path:
+    """A random-init 1-layer Qwen2 sequence-classification model (one output) with the tiny tokenizer: a reward
+    model for `rewards: [{model: PATH}]` on CPU."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    cfg.num_labels = 1  # a reward model: one output (a PretrainedConfig attribute the Qwen2Config stub omits)
+    Qwen2ForSequenceClassification(cfg).save_pretrained(str(out))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
@@ -115,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reward-model", action="store_true",
+                   help="write a tiny sequence-classification reward model instead (rewards: [{model: OUT_DIR}])")
     a = p.parse_args(argv)
+    if a.reward_model:
+        print(f"tiny reward model written to {build_tiny_reward_model(a.out_dir, a.seed or 1)}")
+        return 0
     out = build_tiny_model(a.out_dir, a.arch, a.hidden, a.layers, a.heads, a.kv_heads, a.vocab, a.seed)
     print(f"tiny {a.arch} model written to {out}")
     return 0

@@ -7,6 +7,7 @@ is a local path whatever happens, and a missing one fails only on the node, afte
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,13 +33,18 @@ def is_repo_id(name: str) -> bool:
 @check("LG210", "LG211", stage="files")
 def model_path_exists(ctx: Ctx) -> Iterator[Issue]:
     name = ctx.spec.model.name_or_path
-    p = Path(name).expanduser()
-    if p.is_dir():
+    # os.path.expanduser leaves `~nosuchuser` as it is (pathlib's raises); a name no path can be is not local
+    p = Path(os.path.expanduser(name))
+    try:
+        is_dir, exists = p.is_dir(), p.exists()
+    except OSError:
+        is_dir = exists = False
+    if is_dir:
         if not (p / "config.json").is_file():
             yield ctx.issue("LG210", "model.name_or_path",
                             f"{name} is a directory without config.json, so transformers cannot load a model from it")
         return
-    if p.exists():
+    if exists:
         yield ctx.issue("LG210", "model.name_or_path", f"{name} is a file; a model is a directory with config.json")
     elif not is_repo_id(name):
         yield ctx.issue("LG210", "model.name_or_path",

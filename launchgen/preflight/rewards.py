@@ -96,8 +96,8 @@ def rewards_resolve(ctx: Ctx) -> Iterator[Issue]:
     if ctx.spec.train.trainer not in ONLINE_TRAINERS:
         return
     for path, spec in reward_specs(ctx):
-        if spec.name in BUILTINS:
-            continue
+        if spec.model is not None or spec.name is None or spec.name in BUILTINS:
+            continue  # a reward model is loaded on the node (its path may only exist there)
         bad = _name_issue(ctx, path, spec.name)
         if bad is not None:
             yield bad

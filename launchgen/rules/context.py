@@ -14,6 +14,8 @@ from launchgen.layout import Layout, resolve_layout
 from launchgen.loader import LoadedSpec
 from launchgen.rules.registry import CODES
 from launchgen.spec import Spec
+from launchgen.trainer_config import resolve_trainer_config
+from launchgen.trainers.config import TrainerConfig
 
 if TYPE_CHECKING:
     from launchgen.plan import Plan
@@ -36,6 +38,21 @@ class Ctx:
     def model_config(self) -> ModelConfig | None:
         m = self.spec.model
         return find_model_config(m.name_or_path, m.revision, self.env)
+
+    @cached_property
+    def _trainer_config(self) -> tuple[TrainerConfig | None, list[Issue]]:
+        return resolve_trainer_config(self.spec, self.loaded)
+
+    @property
+    def trainer_cfg(self) -> TrainerConfig | None:
+        """The trainer's config as the trainer will read it (its own defaults filled in), or None where
+        `train.args` does not validate (LG901) or sets a field the spec owns (LG902)."""
+        return self._trainer_config[0]
+
+    @property
+    def trainer_config_issues(self) -> list[Issue]:
+        """LG901: why `train.args` does not validate, with fields and lines."""
+        return self._trainer_config[1]
 
     @cached_property
     def layout(self) -> Layout:
@@ -83,7 +100,8 @@ class Ctx:
     def total_nodes(self) -> int:
         return self.layout.num_nodes
 
-    # train.args, read defensively (the trainer config validates types when the plan is built)
+    # what the user wrote in train.args, raw: only for "did the user set it" (arguments the spec owns, TRL names
+    # the trainer does not know); typed values with the trainer's defaults are `trainer_cfg`'s
     def arg(self, path: str, default: Any = None) -> Any:
         node: Any = self.spec.train.args
         for part in path.split("."):
@@ -95,10 +113,6 @@ class Ctx:
     def has_arg(self, path: str) -> bool:
         sentinel = object()
         return self.arg(path, sentinel) is not sentinel
-
-    def int_arg(self, path: str, default: int | None = None) -> int | None:
-        v = self.arg(path, default)
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     def issue(self, code: str, path: str, message: str, fix: str | None = None,
               severity: Severity | None = None) -> Issue:

@@ -52,7 +52,7 @@ def port_uses(ctx: Ctx) -> tuple[Port, ...]:
 
 
 def _pname(p: Port) -> str:
-    return PORT_NAMES.get(p.name, p.name)
+    return PORT_NAMES.get(p.name, p.name) + (f" of replica {p.replica}" if p.replica else "")
 
 
 @check("LG401", "LG402", "LG403")

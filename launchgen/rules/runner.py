@@ -12,6 +12,7 @@ from launchgen.loader import LoadedSpec
 from launchgen.rules import registry
 from launchgen.rules.context import Ctx
 from launchgen.rules.registry import CODES, Stage, _doc, check
+from launchgen.rules.trainerargs import without_echo
 
 if TYPE_CHECKING:
     from launchgen.plan import Plan
@@ -89,7 +90,7 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, st
     Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
     """
     ctx = Ctx(loaded, dict(os.environ) if env is None else env)
-    issues = _without_moot(_run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else []))
+    issues = without_echo(_without_moot(_run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else [])))
     if strict:
         issues = apply_strict(issues)
     file_codes = {c for chk in registry.CHECKS if chk.stage == "files" for c in chk.codes}

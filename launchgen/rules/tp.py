@@ -10,8 +10,9 @@ from launchgen.rules.registry import _doc, check
 
 # === LG2xx tensor/data parallelism and the model =========================================================
 
-_doc("LG201", "error", "tensor_parallel_size x data_parallel_size differs from the server's GPU count.",
-     "Make vllm.tensor_parallel_size * vllm.data_parallel_size equal the number of server GPUs.")
+_doc("LG201", "error", "tensor_parallel_size x data_parallel_size (x vllm.replicas) differs from the server's "
+     "GPU count.",
+     "Make vllm.tensor_parallel_size * vllm.data_parallel_size * vllm.replicas equal the number of server GPUs.")
 _doc("LG202", "error", "A tensor-parallel group would not fit in one node (TP larger than, or not dividing, "
      "the GPUs vLLM gets per node).",
      "Use a vllm.tensor_parallel_size that divides the server GPUs per node (TP across nodes needs Ray); "
@@ -42,9 +43,10 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
         return  # a GPU listed twice (LG102's) makes the count wrong: one mistake, one message
     n = lay.server_world_size
     if n and not lay.tp_dp_matches_server:
+        reps = f" x replicas {v.replicas}" if v.replicas > 1 else ""
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {v.tensor_parallel_size} x data_parallel_size "
-                        f"{v.data_parallel_size} = {v.tensor_parallel_size * v.data_parallel_size}, "
+                        f"{v.data_parallel_size}{reps} = {v.tensor_parallel_size * v.data_parallel_size * v.replicas}, "
                         f"but the server has {n} GPU(s) ({ctx.server_nodes} node(s) x "
                         f"{lay.server_gpus_per_node})")
 
@@ -114,8 +116,10 @@ def _max_model_len(ctx: Ctx) -> tuple[int | None, str]:
     v = ctx.spec.vllm
     if v is not None and v.max_model_len is not None:
         return v.max_model_len, "vllm.max_model_len"
-    mml = ctx.int_arg("generation.vllm_colocate.max_model_len")
-    return mml, "train.args.generation.vllm_colocate.max_model_len"
+    # an argument the spec owns (LG902), but still the length vLLM would be asked for
+    mml = ctx.arg("generation.vllm_colocate.max_model_len")
+    return (mml if isinstance(mml, int) and not isinstance(mml, bool) else None), \
+        "train.args.generation.vllm_colocate.max_model_len"
 
 
 @check("LG206", "LG207")
@@ -125,8 +129,9 @@ def max_model_len_fits(ctx: Ctx) -> Iterator[Issue]:
     mml, path = _max_model_len(ctx)
     if mml is None:
         return
-    prompt = ctx.int_arg("data.max_prompt_length")
-    completion = ctx.int_arg("generation.max_completion_length", 256)
+    tc = ctx.trainer_cfg  # the trainer's own values and defaults (None: LG901 reports the config)
+    prompt = tc.data.max_prompt_length if tc is not None else None
+    completion = tc.generation.max_completion_length if tc is not None else None
     if prompt is not None and completion is not None and prompt + completion > mml:
         yield ctx.issue("LG206", path,
                         f"max_model_len {mml} < max_prompt_length {prompt} + max_completion_length {completion} "

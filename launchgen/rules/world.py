@@ -39,19 +39,15 @@ def zero3_with_colocate(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG303")
 def generation_batch_divisible(ctx: Ctx) -> Iterator[Issue]:
-    t = ctx.spec.train
-    if t.trainer not in ONLINE_TRAINERS or ctx.world_size == 0:
-        return
-    default_g = 2 if t.trainer in ("rloo", "online_dpo") else 8
-    g = ctx.int_arg("num_generations", default_g)
-    bs = ctx.int_arg("per_device_train_batch_size", 8)
-    gas = ctx.int_arg("gradient_accumulation_steps", 1)
-    spg = ctx.int_arg("steps_per_generation", gas)
-    if not g or not bs or not spg or g < 1 or bs < 1 or spg < 1:
-        return
+    t, cfg = ctx.spec.train, ctx.trainer_cfg
+    if t.trainer not in ONLINE_TRAINERS or ctx.world_size == 0 or cfg is None:
+        return  # a config that does not validate is LG901's
+    # the trainer's own values, defaults included (num_generations per trainer, steps_per_generation = GA)
+    g, bs = cfg.num_generations, cfg.per_device_train_batch_size
+    spg = cfg.steps_per_generation or cfg.gradient_accumulation_steps
     batch = bs * ctx.world_size * spg
-    if batch % g:
-        path = "train.args.num_generations" if ctx.has_arg("num_generations") else "train.args"
+    if g and batch % g:
+        path = "train.args.num_generations" if "num_generations" in t.args else "train.args"
         yield ctx.issue("LG303", path,
                         f"generation batch = per_device_train_batch_size {bs} x {ctx.world_size} trainer "
                         f"processes x steps_per_generation {spg} = {batch}, not a multiple of num_generations {g}")

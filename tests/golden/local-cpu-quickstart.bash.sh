@@ -150,7 +150,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_63A58812520B6FBF
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4BE878B380C432F7'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_910A5DA3F3301A73'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -178,9 +178,13 @@ data:
   shuffle: true
 rewards:
 - name: accuracy
+  model: null
+  batch_size: 32
   weight: 1.0
   kwargs: {}
 - name: length
+  model: null
+  batch_size: 32
   weight: 0.1
   kwargs: {}
 generation:
@@ -259,17 +263,22 @@ gradient_accumulation_steps: 1
 max_tokens_per_forward: null
 steps_per_generation: 1
 max_steps: 4
+num_train_epochs: null
 max_length: 1024
 completion_only_loss: true
+save_strategy: steps
 save_steps: 2
 save_total_limit: 2
 save_final_model: true
+eval_data: null
+eval_strategy: 'no'
+eval_steps: null
 logging_steps: 1
 report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_4BE878B380C432F7
+LAUNCHGEN_EOF_910A5DA3F3301A73
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -51,7 +51,10 @@ def test_matches_full_logits_values_and_gradients(monkeypatch: pytest.MonkeyPatc
             assert a is None
         else:
             assert a is not None
-            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+            # float32 sums of tile-sized pieces: the error scales with the gradient's size (up to ~9 here;
+            # against float64 the head is within 2e-6 of it relative, autograd within 4e-7)
+            scale = max(1.0, e.abs().max().item())
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5 * scale)
 
 
 def test_leading_shape_and_no_grad_path() -> None:

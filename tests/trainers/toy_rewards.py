@@ -36,3 +36,8 @@ def target_fraction_signal(prompts: list[Any], completions: list[Any], **kwargs:
 def never(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
     """Cannot score anything (e.g. a verifier that timed out)."""
     return [None] * len(completions)
+
+
+def prompt_length(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """A tenth of the prompt's length in characters: independent of the completion, so hand-computable."""
+    return [len(p if isinstance(p, str) else p[-1]["content"]) / 10 for p in prompts]

@@ -65,6 +65,7 @@ class BatchSource(Protocol):
 
     layout: RowLayout
     sampler: PromptSampler
+    rows_per_batch: int  # data rows one `next_batches` draws (prompts, or sft's examples): num_train_epochs
     backend: GenerationBackend | None
     needs_weight_sync: bool
     #: Step metrics the progress bar shows (a rollout's only on steps that generated).

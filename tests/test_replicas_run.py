@@ -1,0 +1,69 @@
+"""A rendered --bash script with two server replicas, run on this machine: two `vllm serve` stand-ins
+(tests/vllm_standin/bin/vllm) beside the real bundled GRPO trainer on CPU, weights over gloo.
+
+Checks the whole chain: each replica's step starts on its own GPUs and port, the supervisor waits for both to be
+healthy, the trainer reads every replica's address from the script and spreads its prompt groups over both, every
+weight update reaches both, and the run ends cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+from test_render_lifecycle import _free_port
+from tools import env_with_venv
+from vllm_standin.harness import BIN_DIR, REPO_ROOT
+
+from launchgen.loader import load_spec_text
+from launchgen.plan import build_plan
+from launchgen.render import render_script
+
+
+def _spec(tmp: Path, model: Path, max_steps: int) -> str:
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                               for a in range(1, 6) for b in range(1, 4)))
+    port = _free_port()
+    hooks = {"LAUNCHGEN_STANDIN_DEVICE": "cpu", "LAUNCHGEN_STANDIN_QUIET": "0", "LAUNCHGEN_WEIGHT_TRANSPORT": "gloo"}
+    return yaml.safe_dump({
+        "job": {"name": "two", "output_dir": str(tmp / "runs" / "%j")},
+        "slurm": {"gpus_per_node": 2, "max_restarts": 0, "signal_grace": 0,
+                  "setup": [f"export PATH={BIN_DIR}:$PATH",
+                            f"export PYTHONPATH={REPO_ROOT}:{REPO_ROOT / 'tests'}${{PYTHONPATH:+:$PYTHONPATH}}",
+                            *(f"export {k}={v}" for k, v in hooks.items())],
+                  "env": {"all": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}}},
+        "model": {"name_or_path": str(model)},
+        "vllm": {"mode": "server", "nodes": 0, "gpus": [0, 1], "tensor_parallel_size": 1, "replicas": 2,
+                 "port": port, "group_port": _free_port(), "health_timeout": 180, "max_model_len": 256},
+        "train": {"device": "cpu", "precision": "fp32", "trainer": "grpo", "main_process_port": _free_port(),
+                  "args": {"data": {"path": str(prompts)}, "rewards": [{"name": "length"}], "num_generations": 2,
+                           "per_device_train_batch_size": 4, "max_steps": max_steps, "learning_rate": 1e-4,
+                           "generation": {"max_completion_length": 8}, "save_steps": 0, "save_final_model": False,
+                           "report_to": ["jsonl"], "logging_steps": 1}},
+    })
+
+
+def test_two_replicas_serve_one_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    text = _spec(tmp_path, tiny_model_dir, max_steps=3)
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(build_plan(load_spec_text(text, "two.yaml")), "bash"))
+    env = env_with_venv()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
+    job = tmp_path / "runs" / "local"
+    logs = job / "logs" / "attempt-0"
+    trainer_log = (logs / "trainer-local.log").read_text() if (logs / "trainer-local.log").exists() else ""
+    assert res.returncode == 0, res.stderr[-3000:] + trainer_log[-3000:]
+    steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    events = (logs / "events.log").read_text()
+    assert "server_healthy" in events and "replica=0" in events and "replica=1" in events
+    for log, gpu in (("server-local.log", "0"), ("server-r1-local.log", "1")):
+        served = (logs / log).read_text()
+        assert f"CUDA_VISIBLE_DEVICES={gpu}" in served, log
+        # every replica generated and took every weight update (initial sync + one per step)
+        assert served.count("POST /v1/completions") >= 1, log
+        assert served.count("POST /update_weights") >= 3, log

@@ -1,0 +1,74 @@
+"""`launchgen schema` types `train.args` as the trainer's config (editor completion and validation of the
+most-edited section): every field the trainer takes, none the spec owns, no unknown key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from click.testing import CliRunner
+from launchgen.trainers.config import TrainerConfig
+
+from launchgen.cli import main
+from launchgen.ownership import owned_paths
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _schema() -> dict[str, Any]:
+    r = CliRunner().invoke(main, ["schema"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _object(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+    for cand in [node, *node.get("anyOf", []), *node.get("allOf", [])]:
+        if "$ref" in cand:
+            return defs[cand["$ref"].removeprefix("#/$defs/")]
+    return node if "properties" in node else None
+
+
+def _unknown_keys(value: Any, node: dict[str, Any], defs: dict[str, Any], path: str) -> list[str]:
+    """Keys of `value` the schema does not allow (a key-level validator: enough to see completion would work)."""
+    obj = _object(node, defs)
+    if obj is None or not isinstance(value, dict):
+        return []
+    props = obj.get("properties", {})
+    out = []
+    for k, v in value.items():
+        if k not in props:
+            if obj.get("additionalProperties") is False:
+                out.append(f"{path}{k}")
+            continue
+        out += _unknown_keys(v, props[k], defs, f"{path}{k}.")
+    return out
+
+
+def test_train_args_is_the_trainer_config_without_owned_fields() -> None:
+    schema = _schema()
+    defs = schema["$defs"]
+    args = defs["TrainSpec"]["properties"]["args"]
+    assert args["additionalProperties"] is False
+    owned_top = {p for p in owned_paths() if "." not in p}
+    assert set(args["properties"]) == set(TrainerConfig.model_fields) - owned_top
+    for path in owned_paths():  # none of the arguments the spec owns is offered
+        *parents, leaf = path.split(".")
+        node: dict[str, Any] | None = args
+        for part in parents:
+            node = _object(node["properties"][part], defs) if node is not None else None
+        assert node is not None and leaf not in node.get("properties", {}), path
+    assert "learning_rate" in args["properties"] and "max_completion_length" in _object(
+        args["properties"]["generation"], defs)["properties"]
+
+
+def test_examples_train_args_validate_and_a_typo_does_not() -> None:
+    schema = _schema()
+    defs, args = schema["$defs"], schema["$defs"]["TrainSpec"]["properties"]["args"]
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        assert _unknown_keys(spec["train"].get("args", {}), args, defs, "train.args.") == [], path.name
+    bad = {"learnig_rate": 1e-6, "generation": {"max_completion_lenght": 8}}
+    assert _unknown_keys(bad, args, defs, "train.args.") == [
+        "train.args.learnig_rate", "train.args.generation.max_completion_lenght"]
