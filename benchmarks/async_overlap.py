@@ -92,9 +92,9 @@ def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     stamps: list[float] = []
     original = core.Trainer._record
 
-    def record(self: core.Trainer, path: Path, metrics: dict[str, float]) -> None:
+    def record(self: core.Trainer, *args: Any, **kwargs: Any) -> None:  # called once per optimizer step
         stamps.append(time.perf_counter())
-        original(self, path, metrics)
+        original(self, *args, **kwargs)
 
     trainer = core.Trainer(TrainerConfig.model_validate(cfg))
     core.Trainer._record = record  # type: ignore[method-assign]

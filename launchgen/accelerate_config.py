@@ -2,14 +2,64 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from launchgen.precision import MIXED_PRECISION
+from launchgen.spec import DistributedSection
+
+
+def read_user_config(path: str) -> dict[str, Any]:
+    """A user's accelerate config file (YAML mapping); LG633 reports what this raises before the plan is built."""
+    data = yaml.safe_load(Path(path).expanduser().read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a YAML mapping (an accelerate config file)")
+    return data
 
 
 def accelerate_config(backend: str, precision: str, num_machines: int, num_processes: int,
-                      device: str) -> dict[str, Any]:
-    """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI)."""
+                      device: str, dist: DistributedSection | None = None) -> dict[str, Any]:
+    """The accelerate config file (num_machines/num_processes/machine_rank are also passed on the CLI): the user's
+    own file (`train.distributed.accelerate_config`) as the base, launchgen's keys over it, the knobs last."""
+    dist = dist or DistributedSection()
+    cfg = _generated(backend, precision, num_machines, num_processes, device)
+    if dist.accelerate_config:
+        user = read_user_config(dist.accelerate_config)
+        for section in ("deepspeed_config", "fsdp_config"):
+            if section in cfg and isinstance(user.get(section), dict):
+                cfg[section] = {**cfg[section], **user[section]}  # the user's tuning wins over launchgen's defaults
+        cfg = {**{k: v for k, v in user.items() if k not in ("deepspeed_config", "fsdp_config")}, **cfg}
+    if "deepspeed_config" in cfg:
+        ds = cfg["deepspeed_config"]
+        if dist.deepspeed_config:
+            # accelerate refuses a config file next to the knobs it owns: the file decides stage and offload
+            ds = {"deepspeed_multinode_launcher": ds.get("deepspeed_multinode_launcher", "standard"),
+                  "deepspeed_config_file": str(Path(dist.deepspeed_config).expanduser().resolve())}
+            if ds_zero3_init(dist, backend) is not None:
+                ds["zero3_init_flag"] = ds_zero3_init(dist, backend)
+        else:
+            if dist.offload_optimizer:
+                ds["offload_optimizer_device"] = "cpu"
+            if dist.offload_params:
+                ds["offload_param_device"] = "cpu"
+            if dist.zero3_init_flag is not None:
+                ds["zero3_init_flag"] = dist.zero3_init_flag
+        cfg["deepspeed_config"] = ds
+    if "fsdp_config" in cfg and dist.offload_params:
+        cfg["fsdp_config"]["fsdp_offload_params"] = True
+    return cfg
+
+
+def ds_zero3_init(dist: DistributedSection, backend: str) -> bool | None:
+    """zero3_init_flag beside a DeepSpeed file: the user's, else true under ZeRO-3 (as without a file)."""
+    if dist.zero3_init_flag is not None:
+        return dist.zero3_init_flag
+    return True if backend == "deepspeed_zero3" else None
+
+
+def _generated(backend: str, precision: str, num_machines: int, num_processes: int, device: str) -> dict[str, Any]:
     mixed = MIXED_PRECISION[precision]
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

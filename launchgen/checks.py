@@ -60,6 +60,7 @@ from launchgen.rules.runner import apply_strict, codes_markdown, has_errors, run
 from launchgen import preflight as _preflight  # noqa: F401
 from launchgen import static_checks as _static_checks  # noqa: F401
 from launchgen import loopchecks as _loopchecks  # noqa: F401
+from launchgen import distchecks as _distchecks  # noqa: F401
 # isort: on
 
 __all__ = [

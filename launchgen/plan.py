@@ -50,7 +50,7 @@ import yaml
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
-from launchgen.issues import Issue
+from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
 from launchgen.layout import GpuSlot, Layout, Role, resolve_layout
@@ -434,7 +434,11 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
     ]
     for o in overrides:
         targv += ["--set", o.value]
-    acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device)
+    try:
+        acc = accelerate_config(t.backend, precision, num_machines, num_processes, t.device, t.distributed)
+    except (OSError, ValueError) as e:  # the user's accelerate file (LG633 in `check`'s file stage too)
+        raise SpecError([Issue("LG633", "train.distributed.accelerate_config", f"cannot read it: {e}",
+                               "Fix the path (relative paths start at the submit directory) or the file.")]) from None
     return TrainerPlan(
         positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
         processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,

@@ -356,6 +356,35 @@ class VLLMSpec(_Section):
 Backend = Literal["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"]
 
 
+class DistributedSection(_Section):
+    """What `accelerate launch` gets besides train.backend: a user's own config files and the common offload knobs
+    (launchgen.accelerate_config merges them; LG630-LG636 judge the combinations)."""
+
+    accelerate_config: str | None = Field(
+        default=None,
+        description="Your own accelerate config (YAML), read at render time: its keys are the base of the generated "
+        "accelerate.yaml (launchgen still sets the process counts, ranks, mixed_precision and distributed_type from "
+        "the spec; your deepspeed_config/fsdp_config entries win over launchgen's defaults).",
+    )
+    deepspeed_config: str | None = Field(
+        default=None,
+        description="A DeepSpeed JSON config, passed as accelerate's deepspeed_config_file (train.backend "
+        "deepspeed_zero2/3; the file then owns ZeRO stage and offload). Must be readable on the nodes at this path.",
+    )
+    offload_optimizer: bool = Field(
+        default=False, description="ZeRO-2/3: keep the optimizer state on the CPU (offload_optimizer_device: cpu)."
+    )
+    offload_params: bool = Field(
+        default=False,
+        description="ZeRO-3: keep the parameters on the CPU (offload_param_device: cpu); FSDP2: CPU offload of "
+        "parameters, gradients and optimizer step (fsdp_offload_params).",
+    )
+    zero3_init_flag: bool | None = Field(
+        default=None,
+        description="ZeRO-3: build the model already sharded (deepspeed.zero.Init); default true under ZeRO-3.",
+    )
+
+
 class TrainSpec(_Section):
     nodes: int = Field(default=1, ge=1, description="Trainer nodes (the first nodes of the allocation).")
     gpus: list[int] | None = Field(
@@ -367,6 +396,10 @@ class TrainSpec(_Section):
         "smoke tests. `cuda`: GPUs from `gpus`.",
     )
     backend: Backend = Field(default="ddp", description="Distributed backend: ddp, fsdp (FSDP2), deepspeed_zero2/3.")
+    distributed: DistributedSection = Field(
+        default_factory=DistributedSection,
+        description="accelerate/DeepSpeed: your own config files and the CPU-offload knobs.",
+    )
     main_process_port: int = Field(default=ports.MAIN_PROCESS_DEFAULT, description="accelerate/torch rendezvous port on trainer node 0.")
     colocate_master_port: int = Field(
         default=29600, description="Colocate: MASTER_PORT vLLM's external launcher uses (distinct from the rendezvous)."

@@ -89,7 +89,8 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("gradient_checkpointing", _ONLINE, "train.gradient_checkpointing"),
     TrlName("use_liger_kernel", _ONLINE, "train.use_liger_kernel"),
     TrlName("use_liger_loss", (GRPO,), "train.use_liger_kernel", "with train.args.model.liger_grpo_loss: true"),
-    TrlName("deepspeed", _ONLINE, "train.backend", "deepspeed_zero2 or deepspeed_zero3"),
+    TrlName("deepspeed", _ONLINE, "train.distributed.deepspeed_config",
+            "the DeepSpeed JSON file; train.backend deepspeed_zero2 or deepspeed_zero3"),
     TrlName("fsdp", _ONLINE, "train.backend", "fsdp (FSDP2)"),
     TrlName("ds3_gather_for_generation", _GR, "", "weights are pushed to vLLM from gathered shards automatically"),
     # --- optimisation and run ---

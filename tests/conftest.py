@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hermetic import restored_process_state
+
+#: The real-vLLM tier (tests/vllm_real/, tests/slurm/test_real_vllm_scenarios.py): each server takes 35-110 s and
+#: 1.6 GiB, so it runs only when asked for: `-m vllm_real`, or LAUNCHGEN_VLLM_REAL=1 (tests/vllm_real/ci.sh).
+VLLM_REAL_MARK = "vllm_real"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if VLLM_REAL_MARK in (config.getoption("markexpr") or "") or os.environ.get("LAUNCHGEN_VLLM_REAL") == "1":
+        return
+    dropped = [item for item in items if item.get_closest_marker(VLLM_REAL_MARK) is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.get_closest_marker(VLLM_REAL_MARK) is None]
 
 
 @pytest.fixture(autouse=True)

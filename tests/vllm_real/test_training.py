@@ -98,3 +98,25 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
     assert res.logprobs is not None
     assert max_logprob_gap(final, prompt, res.completion_ids, res.logprobs, 1.0) < LOGPROB_TOL
     assert max_logprob_gap(base, prompt, res.completion_ids, res.logprobs, 1.0) > 1e-3  # it did train
+
+
+@pytest.mark.parametrize("in_flight", ["finish", "pause"])
+def test_grpo_generates_ahead_with_max_staleness_1(
+    in_flight: str, healthy_shared: RealServer, real_model: Path, tmp_path: Path
+) -> None:
+    """Bounded staleness against real vLLM: each batch is one step old, and with `pause` the push runs while
+    requests are frozen (`/pause?mode=keep`; the reset preempts them, which only a real scheduler does)."""
+    cfg = _config(tmp_path, real_model, healthy_shared, "grpo")
+    cfg["max_steps"] = 4
+    cfg["generation"].update(max_staleness=1, in_flight_at_push=in_flight, generation_kwargs={"ignore_eos": True},
+                             max_completion_length=24)
+    restore = connect(healthy_shared)
+    restore.sync_weights(iter(load_model(real_model).named_parameters()))
+    restore.close()
+    metrics = _train(tmp_path, cfg)
+    assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
+    # one step behind: the server's log-probs are no longer the trainer's, and the correction sees it
+    assert max(m["sampling/sampling_logp_difference/max"] for m in metrics[1:]) > 1e-4
+    client = VLLMClient("127.0.0.1", healthy_shared.port, control_timeout=60, request_timeout=120)
+    assert client.weight_version() == "5"  # the push before the first generation, then one per step
+    assert client._json(client._request("GET", "/is_paused", timeout=30), "/is_paused")["is_paused"] is False
