@@ -49,6 +49,7 @@ class Case:
     beta: float = 0.0
     with_is: bool = False
     with_samp: bool = False
+    ga: int = 1  # 2: two micro-batches of one optimizer step (metrics averaged over them, as TRL)
 
 
 def cases() -> Iterator[Case]:
@@ -75,34 +76,52 @@ def cases() -> Iterator[Case]:
     yield Case("off-policy + gspo + mask", {"loss_type": "dapo", "off_policy_mask_threshold": 0.05,
                                              "importance_sampling_level": "sequence", "top_entropy_quantile": 0.5},
                0.04, True, True)
+    # GA 2: the metrics of two micro-batches with different token counts (TRL averages per call)
+    yield Case("GA2 grpo", {"loss_type": "grpo"}, 0.04, True, ga=2)
+    yield Case("GA2 dapo entropy_coef", {"loss_type": "dapo", "entropy_coef": 0.05, "top_entropy_quantile": 0.5},
+               0.04, ga=2)
+    yield Case("GA2 cispo", {"loss_type": "cispo"}, 0.04, ga=2)
+    yield Case("GA2 vespo gspo-free", {"loss_type": "vespo"}, 0.0, True, ga=2)
+    yield Case("GA2 gspo bnpo", {"loss_type": "bnpo", "importance_sampling_level": "sequence"}, 0.04, ga=2)
+
+
+def _rows(fx: Fixture, case: Case) -> list[slice]:
+    """The micro-batches of the case: the whole batch, or (GA 2) rows 0-1 and 2-3 (different token counts)."""
+    b = fx.batch["completion_mask"].size(0)
+    return [slice(0, b)] if case.ga == 1 else [slice(0, b // 2), slice(b // 2, b)]
 
 
 def _trl_side(fx: Fixture, case: Case) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=fx.out, use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-                      beta=case.beta, epsilon=0.2, epsilon_high=0.28, temperature=fx.temperature,
+    args = GRPOConfig(output_dir=fx.out, use_cpu=True, bf16=False, per_device_train_batch_size=4 // case.ga,
+                      num_generations=4, beta=case.beta, epsilon=0.2, epsilon_high=0.28, temperature=fx.temperature,
                       max_completion_length=10, report_to=[], gradient_checkpointing=False,
-                      steps_per_generation=1, gradient_accumulation_steps=1,
+                      steps_per_generation=case.ga, gradient_accumulation_steps=case.ga,
                       vllm_importance_sampling_mode="token_truncate", **case.opts)
     tr = GRPOTrainer(model=fx.model_dir, reward_funcs=fx.reward, args=args, train_dataset=fx.ds)
     tr.model.train()
-    tr.current_gradient_accumulation_steps = 1
+    tr.current_gradient_accumulation_steps = case.ga
     tr.use_vllm = case.with_is  # TRL applies the IS ratio only with vLLM + correction on
     tr.vllm_importance_sampling_correction = case.with_is
-    inputs: dict[str, Any] = dict(fx.batch, num_items_in_batch=fx.batch["completion_mask"].sum(),
-                                  old_per_token_logps=fx.old)
-    if case.beta:
-        inputs["ref_per_token_logps"] = fx.ref
-    if case.with_is:
-        inputs["importance_sampling_ratio"] = fx.isr
-    if case.with_samp:
-        inputs["sampling_per_token_logps"] = fx.samp
     tr.model.zero_grad()
-    loss = tr._compute_loss(tr.model, inputs)
-    loss.backward()
-    metrics = {k: float(v[-1]) for k, v in tr._metrics["train"].items() if v}
-    return loss.item(), fx.grads(tr.model), metrics
+    total = 0.0
+    for sl in _rows(fx, case):
+        inputs: dict[str, Any] = {k: v[sl] for k, v in fx.batch.items()}
+        inputs.update(num_items_in_batch=fx.batch["completion_mask"].sum(), old_per_token_logps=fx.old[sl])
+        if case.beta:
+            inputs["ref_per_token_logps"] = fx.ref[sl]
+        if case.with_is:
+            inputs["importance_sampling_ratio"] = fx.isr[sl]
+        if case.with_samp:
+            inputs["sampling_per_token_logps"] = fx.samp[sl]
+        loss = tr._compute_loss(tr.model, inputs)
+        loss.backward()
+        total += loss.item()
+    # TRL's log(): the mean of the values appended per _compute_loss call (NaN ignored)
+    metrics = {k: sum(x for x in v if not math.isnan(x)) / max(1, sum(not math.isnan(x) for x in v))
+               for k, v in tr._metrics["train"].items() if v}
+    return total, fx.grads(tr.model), metrics
 
 
 class _OneProcess:
@@ -118,27 +137,32 @@ def _our_side(fx: Fixture, case: Case) -> tuple[float, dict[str, torch.Tensor], 
 
     cfg = TrainerConfig.model_validate({
         "trainer": "grpo", "output_dir": fx.out, "model": {"name_or_path": fx.model_dir}, "data": {"path": "x.jsonl"},
-        "per_device_train_batch_size": 4, "num_generations": 4, "beta": case.beta, "epsilon": 0.2,
+        "per_device_train_batch_size": 4 // case.ga, "gradient_accumulation_steps": case.ga,
+        "num_generations": 4, "beta": case.beta, "epsilon": 0.2,
         "epsilon_high": 0.28, "generation": {"temperature": fx.temperature, "max_completion_length": 10},
         **case.opts,
     })
     obj = GRPOObjective(cfg, 1)
     obj._accelerator = _OneProcess()
-    mb: dict[str, Any] = dict(fx.batch, num_items_in_batch=fx.batch["completion_mask"].sum(), old_logps=fx.old)
-    if case.beta:
-        mb["ref_logps"] = fx.ref
-    if case.with_is:
-        mb["is_ratio"] = fx.isr
-    if case.with_samp:
-        mb["sampling_logps"] = fx.samp
     fx.mine.zero_grad()
     stats = StepStats()
-    loss = obj.loss(fx.mine, mb, stats)
-    loss.backward()
-    stats.loss = loss.detach()
+    for i, sl in enumerate(_rows(fx, case)):
+        if i:
+            stats.next_micro_batch()  # as the loop does between micro-batches
+        mb: dict[str, Any] = {k: v[sl] for k, v in fx.batch.items()}
+        mb.update(num_items_in_batch=fx.batch["completion_mask"].sum(), old_logps=fx.old[sl])
+        if case.beta:
+            mb["ref_logps"] = fx.ref[sl]
+        if case.with_is:
+            mb["is_ratio"] = fx.isr[sl]
+        if case.with_samp:
+            mb["sampling_logps"] = fx.samp[sl]
+        loss = obj.loss(fx.mine, mb, stats)
+        loss.backward()
+        stats.loss = stats.loss + loss.detach()
     metrics = reduce_step(stats, _OneProcess(), lambda t: t, obj.always_extremes)
-    metrics.pop("loss")
-    return loss.item(), fx.grads(fx.mine), metrics
+    total = float(metrics.pop("loss"))
+    return total, fx.grads(fx.mine), metrics
 
 
 def _metric_diff(trl: dict[str, float], ours: dict[str, float]) -> tuple[float, list[str]]:
@@ -167,7 +191,7 @@ def run(fx: Fixture) -> tuple[float, float, int]:
         ok = gd < 1e-5 and md < 1e-5 and ld < 1e-5 and not problems
         bad += not ok
         worst_g, worst_m = max(worst_g, gd), max(worst_m, md)
-        print(f"{'PASS' if ok else 'FAIL'} {case.name:26s} beta={case.beta} is={case.with_is!s:5} "
+        print(f"{'PASS' if ok else 'FAIL'} {case.name:26s} ga={case.ga} beta={case.beta} is={case.with_is!s:5} "
               f"samp={case.with_samp!s:5} loss trl={l_trl:+.8f} ours={l_me:+.8f} grad rel={gd:.1e} "
               f"metrics {len(m_trl)} worst={md:.1e} {' '.join(problems)}")
     return worst_g, worst_m, bad

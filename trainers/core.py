@@ -285,6 +285,8 @@ class Trainer:
         self.model.train()
         ga = self.geometry.ga
         for k in range(ga):
+            if k:
+                stats.next_micro_batch()  # metrics per micro-batch, averaged over the step (as TRL logs them)
             if self.micro_step % self.geometry.generate_every == 0 or self.buffer is None:
                 self.buffer, gen_metrics = self.generate_batch()
                 step_metrics.update(gen_metrics)
