@@ -29,6 +29,13 @@ _HOSTNAME_RE = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+
+def _non_negative_gpus(v: list[int] | None) -> list[int] | None:
+    """`vllm.gpus` and `train.gpus`: indices into the node's GPUs."""
+    if v is not None and any(g < 0 for g in v):
+        raise ValueError("GPU indices are >= 0")
+    return v
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -346,12 +353,7 @@ class VLLMSpec(_Section):
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
 
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(g < 0 for g in v):
-            raise ValueError("GPU indices are >= 0")
-        return v
+    _gpus = field_validator("gpus")(_non_negative_gpus)
 
     @property
     def executable_words(self) -> list[str]:
@@ -445,12 +447,7 @@ class TrainSpec(_Section):
             )
         return v
 
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(g < 0 for g in v):
-            raise ValueError("GPU indices are >= 0")
-        return v
+    _gpus = field_validator("gpus")(_non_negative_gpus)
 
 
 class Spec(_Section):
