@@ -82,7 +82,7 @@ def test_merge_restores_input_order() -> None:
 class _FakeServer:
     """What the replica backend reads of a per-replica `VLLMServerBackend`; records the prompts it was sent."""
 
-    model_id, max_model_len, syncs_done = "m", None, 0
+    model_id, max_model_len, syncs_done, client = "m", None, 0, None
 
     def __init__(self, seen: list[int], k: int) -> None:
         self.seen, self.k = seen, k
@@ -194,6 +194,79 @@ def test_replica_killed_mid_run_is_replaced_and_gets_the_current_weights(
     served = _completions_served(two[1])
     backend.generate(_prompts(4), params)
     assert _completions_served(two[1]) == served + 1  # it gets prompts again
+    backend.close()
+
+
+#: the first release whose /weight_info reports the label given to /finish_weight_update (the weight check)
+_CHECKABLE = "0.33.0"
+
+
+@pytest.fixture
+def two_checkable(tiny_model_dir: Path, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Standin]]:
+    monkeypatch.setenv("LAUNCHGEN_WEIGHT_TRANSPORT", "gloo")
+    servers = [start_standin(tiny_model_dir, logdir, wait=False, env=_LOUD, version=_CHECKABLE) for _ in range(2)]
+    try:
+        for s in servers:
+            s.wait_listening()
+        yield servers
+    finally:
+        stop_all(servers)
+
+
+def _restart(servers: list[Standin], k: int, model_dir: Path, logdir: Path) -> None:
+    """What the script's supervisor does: the old process is gone, a new one loads the model file on the port."""
+    servers[k].proc.kill()
+    servers[k].proc.wait(timeout=10)
+    servers[k] = start_standin(model_dir, logdir, port=servers[k].port, env=_LOUD, version=_CHECKABLE)
+
+
+def test_replica_restarted_between_generations_gets_no_prompts_before_the_next_push(
+    two_checkable: list[Standin], tiny_model_dir: Path, tmp_path: Path, logdir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    two = two_checkable
+    backend = VLLMReplicaBackend.from_config(_cfg(tmp_path, tiny_model_dir, two, failover=True), _Acc())
+    assert all(r.checkable for r in backend.replicas)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    params = SamplingParams(max_tokens=4, temperature=0.7)
+    _perturb(model, 1)
+    backend.sync_weights(iter(model.named_parameters()))
+    backend.generate(_prompts(4), params)
+    assert all(_completions_served(s) == 1 for s in two)
+    # restarted while the trainer was not talking to it: healthy, answering, with the model file's weights
+    _restart(two, 1, tiny_model_dir, logdir)
+    c1 = VLLMClient("127.0.0.1", two[1].port)
+    assert c1.health() == 200 and c1.collective_rpc("launchgen_weight_digest")[0] != _digest(model)
+    out = backend.generate(_prompts(4), params)
+    assert len(out.completion_ids) == 8
+    assert _completions_served(two[1]) == 0  # every sample came from replica 0, which holds the pushed weights
+    assert [r.up for r in backend.replicas] == [True, False]
+    assert "was restarted" in backend.replicas[1].last_error
+    _perturb(model, 2)
+    backend.sync_weights(iter(model.named_parameters()))  # revived with the current weights in this sync
+    assert [r.up for r in backend.replicas] == [True, True] and backend.replicas[1].rejoins == 1
+    assert c1.collective_rpc("launchgen_weight_digest")[0] == _digest(model)
+    backend.generate(_prompts(4), params)
+    assert _completions_served(two[1]) == 1  # back in the rotation once it holds them
+    backend.close()
+
+
+def test_every_replica_restarted_stops_the_call_instead_of_sampling_the_model_file(
+    two_checkable: list[Standin], tiny_model_dir: Path, tmp_path: Path, logdir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    two = two_checkable
+    backend = VLLMReplicaBackend.from_config(_cfg(tmp_path, tiny_model_dir, two, failover=True), _Acc())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    _perturb(model, 1)
+    backend.sync_weights(iter(model.named_parameters()))
+    for k in range(2):
+        _restart(two, k, tiny_model_dir, logdir)
+    with pytest.raises(VLLMServerError, match=r"every vLLM replica failed.*was restarted"):
+        backend.generate(_prompts(2), SamplingParams(max_tokens=2))
+    assert all(_completions_served(s) == 0 for s in two)
     backend.close()
 
 

