@@ -65,6 +65,8 @@ COMPLETE_MARKER = "launchgen-complete.json"
 #: the job id `render --bash` runs use (`%j` -> `local`)
 LOCAL_JOB_ID = "local"
 ROLES = ("server", "trainer")
+#: replica k >= 1 of `vllm.replicas` in step, pid and log file names (`server-r1-<node>.log`); replica 0 is `server`
+REPLICA_ROLE = "server-r{replica}"
 PID_FILE = "rank{rank}.pid"
 EXIT_FILE = "rank{rank}.exit"
 
@@ -144,9 +146,24 @@ def attempt_of(dirname: str) -> int | None:
     return int(m["attempt"]) if m else None
 
 
-def role_log_of(filename: str) -> tuple[str, str] | None:
-    """(role, node) of a `<role>-<node>.log` file in an attempt folder; None for any other file."""
-    return next(((r, m["node"]) for r, rx in _ROLE_LOG_RES.items() if (m := rx.match(filename))), None)
+def replica_role(index: int) -> str:
+    """The name replica `index` runs under: `server` for replica 0, else REPLICA_ROLE."""
+    return "server" if index == 0 else REPLICA_ROLE.format(replica=index)
+
+
+# A replica's log is the server's log pattern under the replica's role name. Tried before the plain server
+# pattern, which matches it too (with node `r1-<node>`); a node really named `r<k>-...` is read as a replica.
+_REPLICA_LOG_RE = re.compile("^" + _name_rx(
+    Path(DEFAULT_LAYOUT.role_log("server", 0, "{node}")).name.replace("server", REPLICA_ROLE, 1),
+    replica="[1-9][0-9]*", node=".+") + "$")  # fmt: skip
+
+
+def role_log_of(filename: str) -> tuple[str, str, int] | None:
+    """(role, node, replica) of a `<role>-<node>.log` file in an attempt folder (replica 0 for the server's
+    first replica and for the trainer); None for any other file."""
+    if m := _REPLICA_LOG_RE.match(filename):
+        return "server", m["node"], int(m["replica"])
+    return next(((r, m["node"], 0) for r, rx in _ROLE_LOG_RES.items() if (m := rx.match(filename))), None)
 
 
 def pid_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:

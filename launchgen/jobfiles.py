@@ -122,6 +122,13 @@ class RoleLog:
     path: str
     size: int
     mtime: float
+    #: the `vllm.replicas` replica a server log belongs to (0 for the first replica and every trainer log)
+    replica: int = 0
+
+    @property
+    def name(self) -> str:
+        """The role as the script names it: `server-r1` for replica 1's server log."""
+        return J.replica_role(self.replica) if self.role == "server" else self.role
 
 
 def find_logs(job_dir: Path) -> list[RoleLog]:
@@ -138,7 +145,7 @@ def find_logs(job_dir: Path) -> list[RoleLog]:
             rn = J.role_log_of(f.name)
             if rn and f.is_file():
                 st = f.stat()
-                logs.append(RoleLog(rn[0], rn[1], n, str(f), st.st_size, st.st_mtime))
+                logs.append(RoleLog(rn[0], rn[1], n, str(f), st.st_size, st.st_mtime, rn[2]))
     return logs
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launchgen.jobdir import replica_role as replica_role
 from launchgen.layout import Layout
 
 #: At most this many replicas: their ports `base + k` stay inside the 10-port window one job owns under
@@ -34,10 +35,6 @@ class ReplicaPlace:
     def name(self) -> str:
         """The replica's role name in pid, step and log file names: `server` for replica 0, else `server-r<k>`."""
         return replica_role(self.index)
-
-
-def replica_role(index: int) -> str:
-    return "server" if index == 0 else f"server-r{index}"
 
 
 def replica_size(lay: Layout) -> int:

@@ -515,3 +515,17 @@ def test_logs_of_the_batch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert r.stdout.strip().endswith(".venv/bin/activate: No such file or directory"), r.stdout
     r = _cli(["logs", "298", "--role", "batch", "--path-only"])
     assert r.stdout.strip() == str(sub / "early-298.out")
+
+
+def test_a_replica_log_is_read_as_its_replica_on_its_node(tmp_path: Path) -> None:
+    from launchgen.jobdir import DEFAULT_LAYOUT
+    from launchgen.jobfiles import find_logs
+    from launchgen.replicas import replica_role
+
+    for role in (replica_role(0), replica_role(1), "trainer"):  # the names the script writes (nodes.j2)
+        log = tmp_path / DEFAULT_LAYOUT.role_log("server", 0, "node-3").replace("server", role, 1)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("x\n")
+    logs = sorted((lg.role, lg.node, lg.replica, lg.name) for lg in find_logs(tmp_path))
+    assert logs == [("server", "node-3", 0, "server"), ("server", "node-3", 1, "server-r1"),
+                    ("trainer", "node-3", 0, "trainer")]

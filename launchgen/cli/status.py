@@ -89,7 +89,7 @@ def _tables(st: JobStatus) -> list[Table]:
         for col in ("attempt", "role", "node", "bytes", "path"):
             lt.add_column(col)
         for lg in st.logs:
-            lt.add_row(str(lg.attempt), lg.role, lg.node, str(lg.size), escape(_rel(lg.path, st.job_dir)))
+            lt.add_row(str(lg.attempt), lg.name, lg.node, str(lg.size), escape(_rel(lg.path, st.job_dir)))
         tables.append(lt)
     return tables
 

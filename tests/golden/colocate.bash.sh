@@ -548,7 +548,7 @@ fi
 
 
 if ! command -v python3 >/dev/null; then
-  lg_log "ERROR: python3 is not on PATH (after slurm.setup); the supervisor needs it for health checks and the plan record"
+  lg_log "ERROR: python3 is not on PATH (after slurm.setup); the supervisor needs it for the plan record"
   exit 1
 fi
 # ---- nodes (roles by position) and ports

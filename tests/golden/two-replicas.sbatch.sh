@@ -909,7 +909,7 @@ fi
 
 
 if ! command -v python3 >/dev/null; then
-  lg_log "ERROR: python3 is not on PATH (after slurm.setup); the supervisor needs it for health checks and the plan record"
+  lg_log "ERROR: python3 is not on PATH (after slurm.setup); the supervisor needs it for the plan record"
   exit 1
 fi
 # ---- nodes (roles by position) and ports
@@ -1139,12 +1139,19 @@ LG_PROBE_FAILS=0
 LG_HEALTH_DEADLINE_R1=$LG_HEALTH_DEADLINE
 LG_RESTARTS_R1=0
 LG_PROBE_FAILS_R1=0
+# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s. Bash's own /dev/tcp in a child
+# bash, not python3: it runs for every replica every poll; `timeout` also bounds the connect, which bash cannot
+# (a node that drops packets would hold the loop for the kernel's SYN retries)
 lg_healthy() {
-  python3 -c 'import sys, urllib.request
-try:
-    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status == 200 else 1)
-except Exception:
-    sys.exit(1)' "$1" 5 2>/dev/null
+  local rest=${1#http://}
+  local hostport=${rest%%/*}
+  local host=${hostport%:*}
+  host=${host#[}
+  # shellcheck disable=SC2016  # the child bash expands them, from its arguments
+  timeout 5 bash -c '
+    exec 3<>"/dev/tcp/$1/$2" || exit 1
+    printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
+    read -r _ code _ <&3 && [[ ${code%[[:space:]]} == 200 ]]' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null
 }
 lg_fail() {
   lg_event "server_failed $1"
