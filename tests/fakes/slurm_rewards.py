@@ -29,6 +29,18 @@ def slow_first_attempt(prompts: list[Any], completions: list[Any], **kwargs: Any
     return _lengths(completions)
 
 
+def hold(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """On call SLURMTEST_HOLD_AT_CALL the trainer waits (at most 300 s) until the file SLURMTEST_HOLD_FILE exists:
+    a test holds the run at a known step while it breaks something, instead of pacing every step."""
+    global _calls
+    _calls += 1
+    if _calls == int(os.environ.get("SLURMTEST_HOLD_AT_CALL", "0")):
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.environ["SLURMTEST_HOLD_FILE"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return _lengths(completions)
+
+
 def crash(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
     """On call SLURMTEST_CRASH_AT_CALL (default 2) the trainer process dies with SLURMTEST_CRASH_CODE (default 3)."""
     global _calls

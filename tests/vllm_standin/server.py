@@ -46,6 +46,11 @@ LAUNCHGEN_STANDIN_DIE_DURING_UPDATE=N (exit 1 right after receiving the N-th bro
 updates, so N beyond the first sync's chunk count kills it in the middle of a later, streamed update);
 LAUNCHGEN_STANDIN_HANG_DURING_UPDATE=1 (accept /update_weights, never receive, never answer);
 LAUNCHGEN_STANDIN_RESET_FAILS=N (the first N /reset_prefix_cache report success=false);
+LAUNCHGEN_STANDIN_HEALTH_HANG_AFTER=N (after answering N completions, /health never answers, though the process
+stays alive and keeps its port: a hung engine, for the supervisor's failed-probes path; applies only where
+LAUNCHGEN_STANDIN_FAULT_PORT is unset or names this server's --port, so one replica of a job can be picked, and
+where LAUNCHGEN_STANDIN_FAULT_ONCE is unset or names a file that does not exist yet: the fault creates it when it
+fires, so the process a supervisor starts in its place runs clean);
 LAUNCHGEN_STANDIN_DEVICE (cpu/cuda), LAUNCHGEN_STANDIN_GROUP_TIMEOUT (seconds, default 300),
 LAUNCHGEN_STANDIN_QUIET=1 (no access log). `kill -USR1 <pid>` dumps every thread's stack.
 """
@@ -252,6 +257,12 @@ class Engine:
         self.die_after = int(os.environ.get("LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS", "0") or "0")
         self.reset_fails = int(os.environ.get("LAUNCHGEN_STANDIN_RESET_FAILS", "0") or "0")
         self.never_healthy = os.environ.get("LAUNCHGEN_STANDIN_NEVER_HEALTHY") == "1"
+        fault_port = os.environ.get("LAUNCHGEN_STANDIN_FAULT_PORT")
+        self.fault_once = os.environ.get("LAUNCHGEN_STANDIN_FAULT_ONCE")
+        picked = (not fault_port or int(fault_port) == args.port) and not (
+            self.fault_once and os.path.exists(self.fault_once))
+        self.health_hang_after = int(os.environ.get("LAUNCHGEN_STANDIN_HEALTH_HANG_AFTER", "0") or "0") if picked else 0
+        self.hang_logged = False
         self.die_at_chunk = int(os.environ.get("LAUNCHGEN_STANDIN_DIE_DURING_UPDATE", "0") or "0")
         self.chunks_received = 0
         self.hang_during_update = os.environ.get("LAUNCHGEN_STANDIN_HANG_DURING_UPDATE") == "1"
@@ -306,6 +317,13 @@ class Engine:
         return r
 
     def r_health(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
+        if self.health_hang_after and self.completions_served >= self.health_hang_after:
+            if not self.hang_logged:
+                self.hang_logged = True
+                if self.fault_once:
+                    Path(self.fault_once).touch()
+                _log(f"LAUNCHGEN_STANDIN_HEALTH_HANG_AFTER={self.health_hang_after}: /health stops answering")
+            threading.Event().wait()  # this request's thread only: the process and its other routes live on
         return (503 if self.never_healthy else 200), None
 
     def r_version(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
