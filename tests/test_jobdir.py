@@ -157,7 +157,9 @@ def test_a_hand_edited_record_reads_with_bad_fields_absent() -> None:
 def test_layout_names() -> None:
     lay = J.DEFAULT_LAYOUT
     assert lay.role_log("server", 3, "node7") == "logs/attempt-3/server-node7.log"
-    assert J.role_log_of("server-node7.log") == ("server", "node7")
+    assert J.role_log_of("server-node7.log") == ("server", "node7", 0)
+    assert J.role_log_of("server-r2-node7.log") == ("server", "node7", 2)
+    assert J.role_log_of("trainer-node7.log") == ("trainer", "node7", 0)
     assert J.role_log_of("signal.log") is None and J.role_log_of("batch-node1.log") is None
     assert lay.logs_root() == "logs" and J.attempt_of("attempt-12") == 12 and J.attempt_of("attempt-0.bak") is None
     assert J.announced_job_dirs("t launchgen: job 9 attempt 2: logs in /a b/x/logs/attempt-2\n"
