@@ -1,9 +1,11 @@
 """A rendered --bash script with two server replicas, run on this machine: two `vllm serve` stand-ins
 (tests/vllm_standin/bin/vllm) beside the real bundled GRPO trainer on CPU, weights over gloo.
 
-Checks the whole chain: each replica's step starts on its own GPUs and port, the supervisor waits for both to be
-healthy, the trainer reads every replica's address from the script and spreads its prompt groups over both, every
-weight update reaches both, and the run ends cleanly.
+One run checks the whole chain: each replica's step starts on its own GPUs and port, the supervisor waits for
+both to be healthy, the trainer reads every replica's address from the script and spreads its prompt groups over
+both, every weight update reaches every replica that is up; and the supervision of a replica that hangs
+(`vllm.restart_replicas`): stopped after failed /health probes, its step started again by the bash launcher (the
+SLURM test covers a killed step under srun), set aside by the trainer and taken back with the current weights.
 """
 
 from __future__ import annotations
@@ -50,36 +52,13 @@ def _spec(tmp: Path, model: Path, max_steps: int, restart: bool = False, reward:
     })
 
 
-def test_two_replicas_serve_one_run(tmp_path: Path, tiny_model_dir: Path) -> None:
-    text = _spec(tmp_path, tiny_model_dir, max_steps=3)
-    script = tmp_path / "job.sh"
-    script.write_text(render_script(build_plan(load_spec_text(text, "two.yaml")), "bash"))
-    env = env_with_venv()
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
-    job = tmp_path / "runs" / "local"
-    logs = job / "logs" / "attempt-0"
-    trainer_log = (logs / "trainer-local.log").read_text() if (logs / "trainer-local.log").exists() else ""
-    assert res.returncode == 0, res.stderr[-3000:] + trainer_log[-3000:]
-    steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
-    events = (logs / "events.log").read_text()
-    assert "server_healthy" in events and "replica=0" in events and "replica=1" in events
-    for log, gpu in (("server-local.log", "0"), ("server-r1-local.log", "1")):
-        served = (logs / log).read_text()
-        assert f"CUDA_VISIBLE_DEVICES={gpu}" in served, log
-        # every replica generated and took every weight update (initial sync + one per step)
-        assert served.count("POST /v1/completions") >= 1, log
-        assert served.count("POST /update_weights") >= 3, log
-
-
 def test_a_replica_that_stops_answering_health_is_restarted_and_the_run_completes(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """Replica 1 stays alive but stops answering /health after its first completion: the supervisor stops it
     after `unhealthy_probes` failed probes in a row and starts its step again (the same restart path as a replica
-    that died; the SLURM test kills one), the trainer sets it aside, takes it back with the current weights and
-    every step runs. The run is held at one step while this happens, so it needs few steps."""
+    that died), the trainer sets it aside, takes it back with the current weights and every step runs. The run is
+    held at one step while this happens (not paced over many steps), so it needs few."""
     hold = tmp_path / "hold"
     max_steps = 6
     text = _spec(tmp_path, tiny_model_dir, max_steps=max_steps, restart=True, reward="slurm_rewards:hold")
@@ -118,9 +97,16 @@ def test_a_replica_that_stops_answering_health_is_restarted_and_the_run_complete
     assert "did not answer" in err and "3 times in a row: stopping it for a restart" in err, err[-3000:]
     ev = (logs / "events.log").read_text()
     assert "replica_restart replica=1 restart=1" in ev, ev
+    assert "server_healthy" in ev and "replica=0" in ev
+    r0_log = (logs / "server-local.log").read_text()
+    # replica 0 took every weight update (the initial push, in chunks, then one per step)
+    assert "CUDA_VISIBLE_DEVICES=0" in r0_log and r0_log.count("POST /update_weights") >= max_steps + 1
+    assert r0_log.count("POST /v1/completions") >= 1
     assert "vLLM replica 1 failed" in trainer_log and "vLLM replica 1 is back" in trainer_log
     # the new process received the weights (the sync that took it back) and then generated again
     r1_log = (logs / "server-r1-local.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=1" in r1_log
     assert "/health stops answering" in r1_log and r1_log.count("stand-in serving") == 2, r1_log[-2000:]
-    after = r1_log.split("stand-in serving")[-1]
+    first, after = r1_log.split("stand-in serving")[1:]
+    assert "POST /update_weights" in first and "POST /v1/completions" in first  # its share before it hung
     assert "POST /update_weights" in after and "POST /v1/completions" in after
