@@ -5,16 +5,22 @@ every weight (merged), each later push the merged adapted modules only, which re
 applies while keeping every layer it receives nothing for (embeddings, norms, LM head). Checked: each step's
 `sampling/sampling_logp_difference/max` (the server samples from the merged policy), the weight version, the
 server's log-probs after the run (the saved merged model's, not the base's), the adapter-sized checkpoint, and
-the server's effective weights against the saved merged model bit for bit (`worker_ext.py`).
+the server's effective weights against the saved merged model bit for bit (`worker_ext.py`). The same for the
+colocated engine (`generation.backend: vllm_colocate`, the trainer in the server venv as in test_colocate.py),
+whose pushes go through vLLM's in-place `reload_weights`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import VLLMClient
 from safetensors.torch import load_file
@@ -28,7 +34,8 @@ from vllm_real.common import (
     perturb,
     vllm_layout,
 )
-from vllm_real.harness import RealServer
+from vllm_real.harness import REPO_ROOT, RealServer, free_port, server_env
+from vllm_real.test_colocate import _config as colocate_config
 from vllm_real.test_training import STEPS, _config, _train
 from vllm_real.worker_ext import DIGEST_METHOD, tensor_digest
 
@@ -104,3 +111,32 @@ def test_the_servers_weights_are_the_merged_model_bit_for_bit(
     moved = {n for n, t in merged.items() if not torch.equal(t, base[n])}
     assert moved == adapted, sorted(moved ^ adapted)  # so the comparison above covered changed tensors
 
+
+def test_colocated_engine_follows_the_merged_policy_and_holds_its_weights(
+    real_venv: Path, real_model: Path, tmp_path: Path
+) -> None:
+    """The in-process `vllm.LLM` (colocate) with LoRA: the first push is every weight through vLLM's in-place
+    reload, the later ones the adapted modules only; after the run the engine's model is the merged one."""
+    cfg = colocate_config(tmp_path, real_model)
+    cfg.update(peft=LORA, save_final_model=True, max_steps=2)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    digests = tmp_path / "engine-digests.json"
+    env = server_env()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "trainers"), str(REPO_ROOT / "tests")]))
+    run = subprocess.run([str(real_venv / "bin" / "python"), str(Path(__file__).with_name("colocate_digest.py")),
+                          str(digests), "--config", str(path)],
+                         env=env, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["sampling/sampling_logp_difference/max"] < 1e-4, m  # the engine samples from the merged policy
+        assert m["grad_norm"] > 0
+    got: dict[str, str] = json.loads(digests.read_text())
+    merged = vllm_layout(load_file(str(tmp_path / "out" / "final" / "merged" / "model.safetensors")))
+    assert set(got) == set(merged), sorted(set(got) ^ set(merged))
+    assert not sorted(n for n, t in merged.items() if got[n] != tensor_digest(t))
+    base = vllm_layout(load_file(str(real_model / "model.safetensors")))
+    assert any(not torch.equal(t, base[n]) for n, t in merged.items())  # trained: not the file's weights
