@@ -89,7 +89,11 @@ def test_a_replica_that_stops_answering_health_is_restarted_and_the_run_complete
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.terminate()  # the script's TERM trap stops its servers and trainer; a KILL would orphan them
+            try:
+                proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     trainer_log = (logs / "trainer-local.log").read_text()
     assert proc.returncode == 0, err[-3000:] + trainer_log[-3000:]
     steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
