@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from launchgen.accelerate_config import accelerate_config
+from launchgen.checks import run_checks  # registers every check (the rules, preflight, distchecks)
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
-from launchgen.rules.runner import run_checks
 from launchgen.spec import DistributedSection
 
 
