@@ -16,7 +16,14 @@
   weight's dtype), so the bits equal `merge_and_unload()`'s while the trainer's base weights are never touched:
   merging in place and unmerging would drift the frozen base by a rounding error per step in bf16. A module of
   one of vLLM's fused groups (q/k/v -> qkv_proj, gate/up -> gate_up_proj) is sent with its whole group.
-  `full=True` (a colocated engine waking from level-2 sleep, which dropped its weights) sends every parameter.
+  `full=True` sends every parameter: the first push of a run (a long-lived server may hold another run's
+  embeddings, norms and LM head) and a colocated engine waking from level-2 sleep (which dropped its weights).
+  The partial pushes rely on vLLM's layerwise reload keeping a layer it receives nothing for: vLLM 0.32's
+  `finalize_layerwise_processing` (vllm/model_executor/model_loader/reload/layerwise.py) puts such a layer's
+  kernel tensors back (`_place_kernel_tensors`, logging "Failed to load weights" at warning level per layer),
+  while a layer that receives only part of its weights (q_proj alone for the fused qkv_proj) is rebuilt in
+  uninitialised memory (`reload/meta.py`, `materialize_meta_tensor`: `torch.empty_strided`) with only that part
+  loaded; hence whole fused groups.
 * `register_adapter_checkpoints`: checkpoints hold the trainable tensors only (the frozen base is the model on
   disk); resuming loads them back strictly, with optimizer, scheduler and RNG as before.
 * `save_final`: `final/` is the adapter (PEFT format) and, with `peft.save_merged`, `final/merged` the merged model.
