@@ -166,6 +166,44 @@ def test_sync_tensors_equal_peft_merge_and_fused_groups_go_whole(tiny_model_dir:
     assert not any(getattr(m, "merged", False) for m in pm.modules())
 
 
+def test_adapters_compute_in_the_inputs_dtype_and_keep_no_float32_copy_of_it(tiny_model_dir: Path) -> None:
+    """bf16 base, fp32 adapters: the adapter matmuls run in bf16 on the bf16 input (what autograd saves for the
+    adapter's gradient is that input, not a float32 copy), and the gradients reach the fp32 parameters."""
+    from launchgen.trainers.lora import InputDtypeLinear, compute_in_input_dtype
+
+    pm = _peft_model(tiny_model_dir, torch.bfloat16, r=4, lora_alpha=8, target_modules=["up_proj", "down_proj"])
+    layer = pm.get_base_model().model.layers[0].mlp.down_proj
+    x = torch.randn(15, layer.in_features, dtype=torch.bfloat16, requires_grad=True)
+
+    def saved_dtypes() -> list[torch.dtype]:
+        seen: list[torch.dtype] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.numel() == x.numel():
+                seen.append(t.dtype)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x).sum().backward()
+        return seen
+
+    assert torch.float32 in saved_dtypes()  # PEFT's own casting: the input's float32 copy is kept for backward
+    assert compute_in_input_dtype(pm.get_base_model()) == 4  # up/down of each of the 2 layers
+    A, B = layer.lora_A["default"], layer.lora_B["default"]
+    assert type(A) is InputDtypeLinear and A.weight.dtype == torch.float32
+    A.weight.grad = B.weight.grad = None
+    assert saved_dtypes() == [torch.bfloat16]
+    # the same arithmetic written out: base(x) + B(A(x)) * scaling, adapters cast to bf16
+    assert A.weight.grad is not None and A.weight.grad.dtype == torch.float32
+    xr = x.detach().clone().requires_grad_(True)
+    a, b = A.weight.detach().clone().requires_grad_(True), B.weight.detach().clone().requires_grad_(True)
+    ref = layer.base_layer(xr) + (xr @ a.to(torch.bfloat16).T) @ b.to(torch.bfloat16).T * layer.scaling["default"]
+    ref.sum().backward()
+    assert a.grad is not None and b.grad is not None and B.weight.grad is not None
+    assert torch.equal(A.weight.grad, a.grad) and torch.equal(B.weight.grad, b.grad)
+    assert compute_in_input_dtype(pm.get_base_model()) == 4  # idempotent
+
+
 def test_resume_is_exact_and_checkpoints_hold_the_adapter_only(
     tmp_path: Path, wide_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
