@@ -135,7 +135,9 @@ def test_a_killed_replica_is_restarted_and_taken_back_with_the_current_weights(
         second[0].kill()  # SIGKILL the whole group: API server, engine core, workers
         served_before = _requests_served(healthy_shared)
         (gate / "go-1").touch()
-        second[0] = start_server(real_venv, real_model, real_logs, port=port)  # the supervisor's restart
+        restarted = real_logs / "restarted"  # its own log: the killed server's names the same port
+        restarted.mkdir(exist_ok=True)
+        second[0] = start_server(real_venv, real_model, restarted, port=port)  # the supervisor's restart
         _await(gate / "reached-2", trainer, log)
         served_alone = _requests_served(healthy_shared) - served_before
         second[0].wait_healthy()
