@@ -24,6 +24,7 @@ For launchgen-lora it also measures what a weight sync would move: bytes of the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # grpo_vs_trl, and the reward `grpo_vs_trl:digit_reward`
 import grpo_vs_trl as gvt
+import memory_peak
 
 LORA: dict[str, Any] = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": "all-linear"}
 SHAPES: dict[str, gvt.Shape] = {
@@ -160,6 +162,15 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _maybe_recording(on: bool) -> Iterator[memory_peak.Recording | None]:
+    if not on:
+        yield None
+        return
+    with memory_peak.recording() as rec:
+        yield rec
+
+
 def _trainer_order(trainers: list[str], flip: bool) -> Iterator[str]:
     yield from (trainers[::-1] if flip else trainers)
 
@@ -178,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on")
     p.add_argument("--lora-dropout", type=float, default=LORA["lora_dropout"],
                    help="lora_dropout of both trainers' peft config (0 makes PEFT skip the dropout copy of x)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a launchgen config override for both launchgen trainers (e.g. max_tokens_per_forward=4608)")
+    p.add_argument("--memory-breakdown", action="store_true",
+                   help="record the allocator's history per run and print what the peak is made of (slow)")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench-lora"))
     p.add_argument("--workdir", default=None)
     a = p.parse_args(argv)
@@ -210,16 +225,22 @@ def main(argv: list[str] | None = None) -> int:
             for trainer in _trainer_order(trainers, flip):
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"shape": name, "mode": mode, "trainer": trainer}
+                if a.set and trainer != "trl-lora":
+                    row["set"] = a.set
                 try:
-                    with gvt.fresh_device():
+                    with gvt.fresh_device(), _maybe_recording(a.memory_breakdown and device == "cuda") as rec:
                         torch.manual_seed(a.seed)
                         fx = fixed if mode == "train" else None
                         wd = work / f"{name}-{mode}-{trainer}"
                         if trainer == "trl-lora":
                             row.update(run_trl_lora(model_dir, shape, prompts, a, wd, fx))
                         else:
-                            over = _lora_override() if trainer == "launchgen-lora" else []
+                            over = (_lora_override() if trainer == "launchgen-lora" else []) + a.set
                             row.update(run_launchgen(model_dir, shape, data_path, a, wd, fx, over))
+                    if rec is not None:
+                        text = f"== {name} {mode} {trainer}\n{memory_peak.breakdown(rec)}\n"
+                        (out / f"peak-{name}-{mode}-{trainer}.txt").write_text(text)
+                        print(text, flush=True)
                 except Exception as e:  # one failing run must not lose the others' numbers
                     row["error"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()

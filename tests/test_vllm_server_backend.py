@@ -133,6 +133,44 @@ def test_unpacked_mode_one_broadcast_per_tensor(version: str, by_version: dict[s
         assert chunks == [p.numel() * p.element_size() for _, p in model.named_parameters()]
     backend.close()
 
+def test_a_stream_of_other_tensors_is_learnt_again(by_version: dict[str, Standin], tiny_model_dir: Path) -> None:
+    """peft's syncs: every weight first, then the adapted modules only. The second stream opens with another
+    tensor, so it is announced chunk by chunk like a first sync (not checked against the first stream's list)
+    and its list is the one recorded; the tensors it leaves out keep what the first push sent."""
+    from transformers import AutoModelForCausalLM
+
+    client = VLLMClient("127.0.0.1", by_version["0.31.0"].port, control_timeout=30)
+    buffer = 50_000
+    backend = VLLMServerBackend(
+        _Acc(), client=client, transport=GlooTransport(), num_generations=2, group_port=free_port(),
+        weight_sync_timeout=60, control_timeout=30, packed_buffer_size_bytes=buffer,
+    )  # fmt: skip
+    backend.connect()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+
+    def linears() -> list[tuple[str, torch.Tensor]]:
+        return [(n, p) for n, p in model.named_parameters() if ".layers." in n and n.endswith("proj.weight")]
+
+    _perturb(model, 21)
+    backend.sync_weights(iter(model.named_parameters()))
+    sizes = [p.numel() * p.element_size() for _, p in linears()]
+    per_chunk = [sum(sizes[i] for i in idx) for idx in chunk_boundaries(sizes, buffer)]
+    assert len(per_chunk) > 1
+    for step in range(2):
+        with torch.no_grad():
+            for _, p in linears():
+                p.add_(0.01 * (step + 1))
+        backend.sync_weights(iter(linears()))
+        assert client.collective_rpc("launchgen_weight_digest")[0] == _digest(model)
+        assert client.collective_rpc("launchgen_session_chunks")[0] == per_chunk
+        assert backend._metas == [TensorMeta.of(n, t) for n, t in linears()]
+    # the learnt stream is still checked tensor by tensor after its first one
+    (first, t0), *rest = linears()
+    with pytest.raises(WeightSyncError, match="parameter #1"):
+        backend.sync_weights(iter([(first, t0), (rest[0][0], torch.zeros(3))]))
+    backend.close()
+
+
 def test_version_gates(by_version: dict[str, Standin]) -> None:
     import requests
 

@@ -234,8 +234,10 @@ class Trainer:
             if self.source.needs_weight_sync and self.global_step < cfg.max_steps:
                 # The engine's weights are not known to be the policy's before the first generation: a requeued
                 # job's vLLM starts from the base weights, a long-lived server holds whatever its last trainer
-                # pushed, and a fresh policy may differ from the checkpoint the server loaded. Push them first.
-                self._sync_weights()
+                # pushed, and a fresh policy may differ from the checkpoint the server loaded. Push them first,
+                # all of them: with peft the later pushes carry the adapted modules only, so the embeddings, norms
+                # and LM head must be the policy's from here on.
+                self._sync_weights(full=True)
             while self.global_step < cfg.max_steps:
                 # Checked before each step (so also right after setup, where loading can take minutes): after the
                 # last step the run is complete and a late signal changes nothing.
@@ -347,11 +349,11 @@ class Trainer:
         acc = self.accelerator
         return acc.gather(t) if acc.num_processes > 1 else t
 
-    def _sync_weights(self) -> float:
+    def _sync_weights(self, full: bool = False) -> float:
         assert self.backend is not None
         t = time.perf_counter()
         with self.source.weight_push(self.global_step):  # generation ahead: finished or paused around the push
-            self.backend.sync_weights(iter_sync_params(self.model, self.accelerator, self.cfg))
+            self.backend.sync_weights(iter_sync_params(self.model, self.accelerator, self.cfg, full=full))
         return time.perf_counter() - t
 
     def save_final(self) -> None:

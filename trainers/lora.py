@@ -3,6 +3,8 @@
 * `wrap_policy`: PEFT's LoRA on the loaded policy (or a saved adapter, `peft.adapter_path`); only the adapters
   (and `modules_to_save`) require grad, so only they get gradients and optimizer state (`core` builds the
   optimizer from `requires_grad` parameters).
+* `compute_in_input_dtype`: the adapters keep float32 parameters but multiply in the input's dtype
+  (`InputDtypeLinear`), so a bf16 model keeps no float32 copy of each adapted module's input for backward.
 * `AdapterOffReference`: the reference model for beta > 0 is the policy itself inside PEFT's `disable_adapter()`
   (the frozen base), so no second copy of the weights is loaded.
 * `iter_sync_params`: what the vLLM server (or the colocated engine) receives after every optimizer step. The way
@@ -14,7 +16,14 @@
   weight's dtype), so the bits equal `merge_and_unload()`'s while the trainer's base weights are never touched:
   merging in place and unmerging would drift the frozen base by a rounding error per step in bf16. A module of
   one of vLLM's fused groups (q/k/v -> qkv_proj, gate/up -> gate_up_proj) is sent with its whole group.
-  `full=True` (a colocated engine waking from level-2 sleep, which dropped its weights) sends every parameter.
+  `full=True` sends every parameter: the first push of a run (a long-lived server may hold another run's
+  embeddings, norms and LM head) and a colocated engine waking from level-2 sleep (which dropped its weights).
+  The partial pushes rely on vLLM's layerwise reload keeping a layer it receives nothing for: vLLM 0.32's
+  `finalize_layerwise_processing` (vllm/model_executor/model_loader/reload/layerwise.py) puts such a layer's
+  kernel tensors back (`_place_kernel_tensors`, logging "Failed to load weights" at warning level per layer),
+  while a layer that receives only part of its weights (q_proj alone for the fused qkv_proj) is rebuilt in
+  uninitialised memory (`reload/meta.py`, `materialize_meta_tensor`: `torch.empty_strided`) with only that part
+  loaded; hence whole fused groups.
 * `register_adapter_checkpoints`: accelerate's checkpoints hold the trainable tensors only (the frozen base is
   the model on disk); resuming loads them back strictly, with optimizer, scheduler and RNG as before.
 * `save_final`: `final/` is the adapter (PEFT format) and, with `peft.save_merged`, `final/merged` the merged model.
@@ -81,7 +90,49 @@ def wrap_policy(model: torch.nn.Module, cfg: TrainerConfig) -> Any:
         except ValueError as e:
             raise TrainerSetupError(f"peft.target_modules: {str(e).strip().splitlines()[0]}") from e
     _check_targets(wrapped, p)
+    compute_in_input_dtype(wrapped.get_base_model())
     return wrapped
+
+
+class InputDtypeLinear(torch.nn.Linear):
+    """An adapter's `lora_A` / `lora_B`: the parameters stay float32 (the optimizer's master copy, as PEFT makes
+    them), the matmul runs in the input's dtype (bf16/fp16 in a half-precision model).
+
+    PEFT's default instead casts each adapted module's *input* to float32 (`_cast_input_dtype`), and autograd keeps
+    that copy for the adapter's weight gradient: at the 3B shape of benchmarks/grpo_lora.py the MLP down
+    projection's float32 input alone was 0.76 GiB of a 12.1 GiB peak (benchmarks/memory_peak.py). Cast the
+    weight instead and the saved input is the half-precision tensor the base layer already holds; the matmuls are
+    those of accelerate's bf16 autocast (which TRL's mixed precision runs), and the gradient reaches the float32
+    parameter through the cast. The merged weights of the sync are unaffected (`get_delta_weight` in float32).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w: torch.Tensor = self.weight
+        b: torch.Tensor | None = self.bias
+        if w.dtype != x.dtype:
+            w = w.to(x.dtype)
+            b = None if b is None else b.to(x.dtype)
+        return torch.nn.functional.linear(x, w, b)
+
+
+def compute_in_input_dtype(base: torch.nn.Module) -> int:
+    """Make every plain LoRA linear layer of `base` compute its adapter in the input's dtype; returns how many."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    n = 0
+    for m in base.modules():
+        if not isinstance(m, LoraLinear):
+            continue
+        subs = [sub for k in m.lora_A if k not in m.lora_variant for sub in (m.lora_A[k], m.lora_B[k])]
+        if not subs or len(subs) != 2 * len(m.lora_A):
+            continue  # a variant (DoRA, ...) computes on the cast input itself: leave PEFT's casting on
+        if not all(type(sub) is torch.nn.Linear or type(sub) is InputDtypeLinear for sub in subs):
+            continue
+        m.cast_input_dtype_enabled = False
+        for sub in subs:
+            sub.__class__ = InputDtypeLinear
+        n += 1
+    return n
 
 
 def _load_adapter(peft: Any, model: torch.nn.Module, p: PeftSection) -> Any:

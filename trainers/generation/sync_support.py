@@ -8,6 +8,7 @@ Split out of `vllm_server.py` so one server (`vllm_server.VLLMServerBackend`) an
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import re
 import socket
@@ -156,3 +157,16 @@ def checked(it: Iterable[tuple[str, torch.Tensor]], metas: list[TensorMeta]) -> 
         yield name, snapshot(tensor)
     if count != len(metas):
         raise WeightSyncError(f"the model yielded {count} parameters, {len(metas)} were announced to the server")
+
+
+def opens_with(
+    it: Iterator[tuple[str, torch.Tensor]], first: TensorMeta
+) -> tuple[Iterator[tuple[str, torch.Tensor]], bool]:
+    """(the same stream, whether its first tensor is `first`): pulls one tensor and puts it back in front.
+
+    The pulled tensor is handed on before the iterator is advanced again (a gathering iterator only promises it
+    until its next step), so this is safe to put in front of `checked` or a chunked first sync."""
+    head = next(it, None)
+    if head is None:
+        return iter(()), False
+    return itertools.chain([head], it), TensorMeta.of(*head) == first

@@ -21,9 +21,11 @@ best-effort after a failure so the next start is not refused.
 `update_info` must announce (name, dtype, shape) before the bytes flow. The first sync does not know them yet, so
 it sends one `/update_weights` per packed chunk (memory bounded by one chunk; vLLM accepts several updates inside
 one start/finish session) and records the metadata; later syncs stream the whole model in one call with the
-recorded metadata, checking every tensor against it. vLLM < 0.21 has no start/finish, so there the first sync
-holds the full model once. Every tensor is copied (on its device) as it is pulled: a gathering iterator only
-guarantees a tensor until its next step, and the broadcast reads it later on another thread.
+recorded metadata, checking every tensor against it. A sync whose first tensor is not the recorded first one is
+another stream (with peft the first push is every weight, the later ones the adapted modules only) and is
+learnt again the same way. vLLM < 0.21 has no start/finish, so there the first sync holds the full model once.
+Every tensor is copied (on its device) as it is pulled: a gathering iterator only guarantees a tensor until its
+next step, and the broadcast reads it later on another thread.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from .sync_support import (
     transport_for_backend,
 )
 from .sync_support import checked as _checked
+from .sync_support import opens_with as _opens_with
 from .vllm_client import CompletionsResult, VLLMClient, VLLMServerError, VLLMTimeoutError, VLLMVersion
 from .weight_transfer import (
     DEFAULT_PACKED_BUFFER_SIZE_BYTES,
@@ -323,6 +326,10 @@ class VLLMServerBackend(RankZeroBackend):
             if lifecycle:
                 started = True  # also when start times out: the server may still open the session later
                 self._start_update()
+            if self._metas:
+                it, known = _opens_with(it, self._metas[0])
+                if not known:
+                    self._metas = None
             if self._metas is not None:
                 self._transfer(self._metas, _checked(it, self._metas))
             elif lifecycle and self.packed:
