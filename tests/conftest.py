@@ -40,6 +40,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 with initializer_range 0.2: with transformers' 0.02 the random LM head's logits are nearly
+    flat (every token ~1/vocab whatever the hidden state), so only training the head itself (which LoRA does not
+    adapt) could learn the toy task; a full fine-tune with the head frozen does not learn it in 12 steps either."""
+    import torch  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
+    from launchgen.trainers.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-wide") / "m", initializer_range=0.2)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     from launchgen.trainers.tiny import build_tiny_model

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from launchgen.accelerate_config import accelerate_config
+from launchgen.checks import run_checks  # registers every check (the rules, preflight, distchecks)
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
-from launchgen.rules.runner import run_checks
 from launchgen.spec import DistributedSection
 
 
@@ -147,3 +147,22 @@ def test_lg361_eval_data_file_checks(tmp_path: Path, model_dir: Path) -> None:
     clean = _codes(_spec(model_dir, {"args": {"data": {"path": str(good)}, "eval_data": {"path": str(good)},
                                               "eval_strategy": "steps"}}))
     assert "LG361" not in clean
+
+
+def test_lg343_peft_refuses_deepspeed_and_fsdp1_not_fsdp2(tmp_path: Path, model_dir: Path) -> None:
+    lora = {"args": {"data": {"path": "d.jsonl"}, "peft": {"r": 8}}}
+    assert "LG343" not in _codes(_spec(model_dir, {"backend": "fsdp", **lora}))
+    assert "LG343" not in _codes(_spec(model_dir, {"backend": "ddp", **lora}))
+    found = _codes(_spec(model_dir, {"backend": "deepspeed_zero2", **lora}))["LG343"]
+    assert len(found) == 1 and found[0].path == "train.backend" and "not DeepSpeed" in found[0].message
+    v1 = tmp_path / "fsdp1.yaml"
+    v1.write_text(yaml.safe_dump({"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 1}}))
+    v2 = tmp_path / "fsdp2.yaml"
+    v2.write_text(yaml.safe_dump({"distributed_type": "FSDP", "fsdp_config": {"fsdp_offload_params": False}}))
+    found = _codes(_spec(model_dir, {"backend": "fsdp", "distributed": {"accelerate_config": str(v1)}, **lora}))["LG343"]
+    assert len(found) == 1 and found[0].path == "train.distributed.accelerate_config", found
+    assert "fsdp_version: 1" in found[0].message and found[0].line is not None
+    assert "LG343" not in _codes(_spec(model_dir, {"backend": "fsdp", "distributed": {"accelerate_config": str(v2)},
+                                                   **lora}))
+    # without peft an FSDP1 file is the user's choice
+    assert "LG343" not in _codes(_spec(model_dir, {"backend": "fsdp", "distributed": {"accelerate_config": str(v1)}}))

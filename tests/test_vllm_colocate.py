@@ -181,3 +181,32 @@ def test_sleep_mode_wakes_weights_first_repushes_then_kv_cache() -> None:
     backend.generate([[1]], SamplingParams(max_tokens=2))
     assert llm.log == ["wake:weights", "load:w", "reset", "wake:kv_cache", "generate", "sleep:2"]
     assert len(pushes) == 1  # the trainer's own sync made a re-push unnecessary
+
+
+def test_sleep_mode_with_partial_syncs_pushes_every_weight_after_a_level_2_sleep() -> None:
+    """peft: the trainer's sync carries the adapted modules only, but level-2 sleep dropped all the weights, so
+    the engine loads `named_params_fn`'s full set instead (a partial load would leave the rest undefined)."""
+    llm = _FakeLLM()
+
+    def full() -> Any:
+        return iter([("embed", 0), ("q", 0), ("norm", 0)])
+
+    walked: list[str] = []
+
+    def adapted() -> Any:
+        for name in ("q",):
+            walked.append(name)
+            yield name, 1
+
+    backend = VLLMColocateBackend(llm, _acc(0, 1), enable_sleep_mode=True, named_params_fn=full,
+                                  sampling_params_cls=_SP, partial_syncs=True)
+    backend.sync_weights(adapted())  # the first push, with the engine asleep since start-up
+    assert llm.log == ["wake:weights", "load:embed", "load:q", "load:norm", "reset"] and walked == ["q"]
+    backend.generate([[1]], SamplingParams(max_tokens=2))
+    llm.log.clear()
+    backend.sync_weights(adapted())
+    assert llm.log == ["wake:weights", "load:embed", "load:q", "load:norm", "reset"]
+    awake = _FakeLLM()  # without sleep mode the engine keeps what it has: the partial stream alone is loaded
+    VLLMColocateBackend(awake, _acc(0, 1), named_params_fn=full, sampling_params_cls=_SP,
+                        partial_syncs=True).sync_weights(adapted())
+    assert awake.log == ["load:q", "reset"]

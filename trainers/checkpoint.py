@@ -23,9 +23,10 @@ import re
 import shutil
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -39,6 +40,18 @@ from launchgen.jobdir import CompletionMarker
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
+
+
+class OwnState(Protocol):
+    """A prepared model (with its optimizer) whose checkpoint files its owner writes instead of accelerate
+    (`lora.ShardedAdapterState`: LoRA under FSDP2). accelerate's save_state / load_state run inside `withheld()`,
+    which hides the model from them; `save` (collective) and `load` then handle it in the same directory."""
+
+    def withheld(self) -> AbstractContextManager[None]: ...
+
+    def save(self, directory: Path) -> None: ...
+
+    def load(self, directory: Path) -> None: ...
 
 
 def write_complete_marker(output_dir: str | Path, step: int, trainer: str) -> Path:
@@ -125,6 +138,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     buffer: Any,
     save_total_limit: int | None,
+    own: OwnState | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the final directory."""
     root = Path(output_dir)
@@ -136,7 +150,10 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    with own.withheld() if own is not None else nullcontext():
+        accelerator.save_state(str(tmp))
+    if own is not None:
+        own.save(tmp)
     torch.save(buffer, tmp / f"generation_buffer-rank{accelerator.process_index}.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -152,7 +169,7 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(accelerator: Any, path: Path) -> tuple[dict[str, Any], Any]:
+def load_checkpoint(accelerator: Any, path: Path, own: OwnState | None = None) -> tuple[dict[str, Any], Any]:
     """Restore accelerate's state (model, optimizer, scheduler, scaler, RNG); return (trainer_state, buffer)."""
     state = json.loads((path / STATE_FILE).read_text())
     if state.get("num_processes") != accelerator.num_processes:
@@ -162,7 +179,10 @@ def load_checkpoint(accelerator: Any, path: Path) -> tuple[dict[str, Any], Any]:
             f"resume: {path} was written by {state.get('num_processes')} processes, this run has "
             f"{accelerator.num_processes}; resume with the same process count or set resume: never"
         )
-    accelerator.load_state(str(path))
+    with own.withheld() if own is not None else nullcontext():
+        accelerator.load_state(str(path))
+    if own is not None:
+        own.load(path)
     buf_path = path / f"generation_buffer-rank{accelerator.process_index}.pt"
     buffer = torch.load(buf_path, weights_only=False) if buf_path.exists() else None
     return state, buffer

@@ -166,8 +166,9 @@ class Trainer:
         acc.register_for_checkpointing(self.scheduler)
         if ref is not None:
             ref = acc.prepare_model(ref, evaluation_mode=True) if sharded else ref.to(acc.device)
+        self.own_state: ckpt.OwnState | None = None
         if cfg.peft is not None:
-            lora.register_adapter_checkpoints(acc, self.model)
+            self.own_state = lora.register_adapter_checkpoints(acc, self.model, self.optimizer)
             if self.objective.needs_reference:
                 ref = lora.AdapterOffReference(self.model, acc)
         self.ref_model = ref
@@ -175,7 +176,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ checkpoints
 
     def _resume(self, path: Path) -> None:
-        state, buffer = ckpt.load_checkpoint(self.accelerator, path)
+        state, buffer = ckpt.load_checkpoint(self.accelerator, path, self.own_state)
         self.global_step = int(state["global_step"])
         self.micro_step = int(state["micro_step"])
         self.source.load_state_dict(state)
@@ -205,7 +206,8 @@ class Trainer:
             else None
         )
         return ckpt.save_checkpoint(
-            self.accelerator, self.out, self.global_step, self._trainer_state(), buf, self.cfg.save_total_limit
+            self.accelerator, self.out, self.global_step, self._trainer_state(), buf, self.cfg.save_total_limit,
+            self.own_state,
         )
 
     # ------------------------------------------------------------------------------------------ seams

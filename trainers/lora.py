@@ -24,29 +24,37 @@
   while a layer that receives only part of its weights (q_proj alone for the fused qkv_proj) is rebuilt in
   uninitialised memory (`reload/meta.py`, `materialize_meta_tensor`: `torch.empty_strided`) with only that part
   loaded; hence whole fused groups.
-* `register_adapter_checkpoints`: accelerate's checkpoints hold the trainable tensors only (the frozen base is
-  the model on disk); resuming loads them back strictly, with optimizer, scheduler and RNG as before.
+* `register_adapter_checkpoints`: checkpoints hold the trainable tensors only (the frozen base is the model on
+  disk); resuming loads them back strictly, with optimizer, scheduler and RNG as before.
 * `save_final`: `final/` is the adapter (PEFT format) and, with `peft.save_merged`, `final/merged` the merged model.
 
-Supported: one process and DDP. FSDP and DeepSpeed are refused at set-up (and by `launchgen check`, LG343): the
-merged sync and the adapter-only checkpoints read whole, unsharded parameters.
+Supported: one process, DDP and FSDP2. Under FSDP2 every parameter is a DTensor shard: the sync gathers each
+adapted module's base weight and A/B (`full_tensor`, a collective every rank runs in the same order) and merges
+the gathered tensors with PEFT's own `get_delta_weight`; the checkpoint's adapter and AdamW state are gathered
+to full tensors too (`ShardedAdapterState`), because accelerate's FSDP save writes every parameter, the frozen
+base included. Refused at set-up (and by `launchgen check`, LG343): DeepSpeed (not installed where launchgen is
+tested: its ZeRO-3 gather and its engine's checkpoints were never run with adapters) and FSDP1 (summon_full_params
+over flattened parameters: not built).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.peft_config import ALL_LINEAR, FUSED_GROUPS, PeftSection, matches
 from launchgen.trainers.weights import clean_name
 
 ADAPTER = "default"
-#: accelerate's weight file of the first prepared model (`save_accelerator_state`, safetensors).
-_MODEL_FILE = "model.safetensors"
+#: accelerate's files of the first prepared model (safetensors) and optimizer (`save_accelerator_state`).
+_MODEL_FILE = SAFE_WEIGHTS_NAME
+_OPTIMIZER_FILE = f"{OPTIMIZER_NAME}.bin"
 
 
 def _import_peft() -> Any:
@@ -62,12 +70,27 @@ def _import_peft() -> Any:
 def check_distributed(accelerator: Any) -> None:
     from accelerate.utils import DistributedType
 
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    kind = accelerator.distributed_type
+    if kind == DistributedType.DEEPSPEED:
         raise TrainerSetupError(
-            f"peft (LoRA) is supported with one process or DDP, not {accelerator.distributed_type.value}: the "
-            "merged-weight sync and adapter checkpoints read unsharded parameters; use train.backend: ddp "
-            "(LoRA's optimizer state is small, sharding it gains little)"
+            "peft (LoRA) is supported with one process, DDP or FSDP2 (train.backend fsdp), not DeepSpeed: the "
+            "merged-weight sync under ZeRO-3 and adapter-only DeepSpeed checkpoints are not built or tested "
+            "(deepspeed is not part of launchgen's test environment); use train.backend: fsdp or ddp"
         )
+    if kind == DistributedType.FSDP and not sharded_fsdp2(accelerator):
+        raise TrainerSetupError(
+            "peft (LoRA) under FSDP needs FSDP2 (fsdp_version: 2, launchgen's default): FSDP1 flattens parameters, "
+            "which the merged-weight sync and the adapter checkpoints do not gather; remove fsdp_version: 1 from "
+            "train.distributed.accelerate_config"
+        )
+
+
+def sharded_fsdp2(accelerator: Any) -> bool:
+    """Whether the prepared policy's parameters are FSDP2 DTensor shards."""
+    from accelerate.utils import DistributedType
+
+    return accelerator is not None and accelerator.distributed_type == DistributedType.FSDP and bool(
+        getattr(accelerator, "is_fsdp2", False))
 
 
 # --------------------------------------------------------------------------------------------------- wrap
@@ -86,7 +109,12 @@ def wrap_policy(model: torch.nn.Module, cfg: TrainerConfig) -> Any:
             modules_to_save=list(p.modules_to_save) or None, bias="none", task_type="CAUSAL_LM",
         )
         try:
-            wrapped = peft.get_peft_model(model, lc)
+            # Seeded alike on every rank, and apart from the run's stream: the new adapters are the same whatever
+            # the process count or backend (accelerate's FSDP2 keeps each rank's own shard of its own init unless
+            # it broadcasts rank 0's weights, and DDP broadcasts them).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                wrapped = peft.get_peft_model(model, lc)
         except ValueError as e:
             raise TrainerSetupError(f"peft.target_modules: {str(e).strip().splitlines()[0]}") from e
     _check_targets(wrapped, p)
@@ -227,11 +255,37 @@ def _base_of(model: Any, accelerator: Any) -> torch.nn.Module:
     return base
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter: an FSDP2 DTensor shard is all-gathered (a collective), else itself."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+@contextlib.contextmanager
+def _gathered(*modules: torch.nn.Module) -> Iterator[None]:
+    """Each module's sharded parameters replaced by their gathered full tensors, restored on exit: PEFT's own
+    arithmetic (`get_delta_weight`) then runs on exactly the tensors a single process holds. FSDP2's `unshard`
+    would cast them to the mixed-precision param dtype instead."""
+    saved: list[tuple[torch.nn.Module, str, Any]] = []
+    try:
+        for m in modules:
+            for name, p in list(m._parameters.items()):
+                if p is not None and hasattr(p, "full_tensor"):
+                    saved.append((m, name, p))
+                    m._parameters[name] = _full(p)  # type: ignore[assignment]
+        yield
+    finally:
+        for m, name, p in saved:
+            m._parameters[name] = p
+
+
 @torch.no_grad()
 def merged_weight(layer: Any) -> torch.Tensor:
     """W + scaling * B @ A exactly as PEFT's (non-safe) merge writes it into W, without touching W."""
-    w = layer.get_base_layer().weight.detach().clone()
-    w += layer.get_delta_weight(ADAPTER)
+    base = layer.get_base_layer().weight.detach()
+    w = base.full_tensor() if hasattr(base, "full_tensor") else base.clone()  # a gathered tensor is a fresh copy
+    with _gathered(layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
+        w += layer.get_delta_weight(ADAPTER)
     return w
 
 
@@ -259,10 +313,10 @@ def _linear_params(name: str, module: Any, lora: dict[str, Any]) -> Iterator[tup
         yield clean_name(f"{name}.weight"), merged_weight(module)
         bias = getattr(module.get_base_layer(), "bias", None)
     else:
-        yield clean_name(f"{name}.weight"), module.weight.detach()
+        yield clean_name(f"{name}.weight"), _full(module.weight)
         bias = getattr(module, "bias", None)
     if bias is not None:
-        yield clean_name(f"{name}.bias"), bias.detach()
+        yield clean_name(f"{name}.bias"), _full(bias)
 
 
 def iter_sync_params(model: Any, accelerator: Any = None, full: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -277,7 +331,7 @@ def iter_sync_params(model: Any, accelerator: Any = None, full: bool = False) ->
         yield from _linear_params(name, modules[name], lora)
     for name, module in _saved_modules(base):
         for pname, p in module.named_parameters():
-            yield clean_name(f"{name}.{pname}"), p.detach()
+            yield clean_name(f"{name}.{pname}"), _full(p)
 
 
 def _iter_all_merged(base: torch.nn.Module, lora: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -290,15 +344,19 @@ def _iter_all_merged(base: torch.nn.Module, lora: dict[str, Any]) -> Iterator[tu
                 yield clean_name(f"{owner}.weight"), merged_weight(lora[owner])
                 continue
             name = f"{owner}.{leaf}"
-        yield clean_name(name.replace(f".modules_to_save.{ADAPTER}.", ".")), p.detach()
+        yield clean_name(name.replace(f".modules_to_save.{ADAPTER}.", ".")), _full(p)
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
 
 
-def register_adapter_checkpoints(accelerator: Any, model: Any) -> None:
-    """accelerate's save_state writes only `model`'s trainable tensors; load_state reads them back strictly."""
+def register_adapter_checkpoints(accelerator: Any, model: Any, optimizer: Any) -> ShardedAdapterState | None:
+    """Checkpoints hold the trainable tensors only. One process / DDP: accelerate's save_state writes them (the
+    hooks below filter its weights) and load_state reads them back strictly. FSDP2: the returned state writes and
+    reads them itself (`checkpoint.save_checkpoint` withholds the policy from accelerate)."""
     keys = {n for n, p in model.named_parameters() if p.requires_grad}
+    if sharded_fsdp2(accelerator):
+        return ShardedAdapterState(accelerator, model, optimizer)
 
     def save_hook(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
         for i, m in enumerate(models):
@@ -312,21 +370,101 @@ def register_adapter_checkpoints(accelerator: Any, model: Any) -> None:
             raise RuntimeError("peft checkpoints expect the policy as the only prepared model")
         models.pop(0)  # loaded here: accelerate's strict load would miss the frozen base
         state = load_file(str(Path(input_dir) / _MODEL_FILE), device=str(accelerator.device))
-        if set(state) != keys:
-            missing, extra = sorted(keys - set(state))[:3], sorted(set(state) - keys)[:3]
-            raise TrainerSetupError(f"resume: {input_dir} does not hold this run's adapter (missing {missing}, "
-                                    f"unexpected {extra}); set resume: never to start fresh")
+        _check_adapter_keys(set(state), keys, input_dir)
         result = model.load_state_dict(state, strict=False)
         assert not result.unexpected_keys, result.unexpected_keys
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
+    return None
+
+
+def _check_adapter_keys(found: set[str], keys: set[str], input_dir: str | Path) -> None:
+    if found != keys:
+        missing, extra = sorted(keys - found)[:3], sorted(found - keys)[:3]
+        raise TrainerSetupError(f"resume: {input_dir} does not hold this run's adapter (missing {missing}, "
+                                f"unexpected {extra}); resume with the same train.backend, or set resume: never "
+                                "to start fresh")
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    while hasattr(optimizer, "optimizer"):  # accelerate's AcceleratedOptimizer wraps the torch one
+        optimizer = optimizer.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    return optimizer
+
+
+class ShardedAdapterState:
+    """LoRA under FSDP2: the adapter and its AdamW state in a checkpoint, gathered to full tensors.
+
+    accelerate's FSDP save_state writes every parameter, the frozen base included (its adapter-only switch is
+    not reachable from save_state), so `checkpoint.save_checkpoint` withholds the policy and its optimizer from
+    accelerate (`withheld`) and calls `save` / `load`. The files are a DDP checkpoint's names: model.safetensors
+    (the trainable tensors under the prepared model's parameter names) and optimizer.bin, here keyed by
+    parameter name (torch.distributed.checkpoint's full optimizer state dict) instead of by index. Gathering and
+    re-sharding only copy, so a resume is exact; the checkpoint is as small as a DDP one and holds no shard layout.
+    """
+
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any) -> None:
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
+        self.keys = [n for n, p in model.named_parameters() if p.requires_grad]  # the same order on every rank
+
+    @contextlib.contextmanager
+    def withheld(self) -> Iterator[None]:
+        """accelerate's save_state / load_state inside see neither the policy nor its optimizer (RNG, scheduler
+        and scaler are still theirs)."""
+        acc = self.accelerator
+        models, optimizers = acc._models, acc._optimizers
+        acc._models = [m for m in models if m is not self.model]
+        acc._optimizers = [o for o in optimizers if o is not self.optimizer]
+        try:
+            yield
+        finally:
+            acc._models, acc._optimizers = models, optimizers
+
+    def save(self, directory: Path) -> None:
+        """Collective: every rank gathers; rank 0 writes."""
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        main = self.accelerator.is_main_process
+        params = dict(self.model.named_parameters())
+        state = {}
+        for name in self.keys:
+            full = _full(params[name])
+            if main:
+                state[name] = full.cpu().contiguous()
+        optim = get_optimizer_state_dict(self.model, _torch_optimizer(self.optimizer),
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if main:
+            save_file(state, str(directory / _MODEL_FILE))
+            torch.save(optim, directory / _OPTIMIZER_FILE)
+
+    def load(self, directory: Path) -> None:
+        """Every rank reads the full tensors and keeps its own shard of them."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        state: dict[str, Any] = load_file(str(directory / _MODEL_FILE))
+        _check_adapter_keys(set(state), set(self.keys), directory)
+        result = set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        assert not result.unexpected_keys, result.unexpected_keys
+        optim = torch.load(directory / _OPTIMIZER_FILE, weights_only=True)
+        set_optimizer_state_dict(self.model, _torch_optimizer(self.optimizer), optim,
+                                 options=StateDictOptions(full_state_dict=True))
 
 
 def save_final(accelerator: Any, model: Any, tokenizer: Any, final: Path, save_merged: bool) -> None:
-    """`final/`: the adapter and tokenizer; `final/merged`: base + adapter merged (in place: the run is over)."""
-    if accelerator.is_main_process:
-        inner = accelerator.unwrap_model(model)
+    """`final/`: the adapter and tokenizer; `final/merged`: base + adapter merged (in place: the run is over;
+    under FSDP2 from gathered tensors, every rank taking part and rank 0 writing)."""
+    inner = accelerator.unwrap_model(model)
+    if sharded_fsdp2(accelerator):
+        _save_final_sharded(accelerator, inner, tokenizer, final, save_merged)
+    elif accelerator.is_main_process:
         inner.save_pretrained(str(final), safe_serialization=True)
         tokenizer.save_pretrained(str(final))
         if save_merged:
@@ -334,3 +472,26 @@ def save_final(accelerator: Any, model: Any, tokenizer: Any, final: Path, save_m
             merged.save_pretrained(str(final / "merged"), safe_serialization=True)
             tokenizer.save_pretrained(str(final / "merged"))
     accelerator.wait_for_everyone()
+
+
+def _save_final_sharded(accelerator: Any, inner: Any, tokenizer: Any, final: Path, save_merged: bool) -> None:
+    main = accelerator.is_main_process
+    adapter: dict[str, torch.Tensor] = {}
+    for name, p in inner.state_dict(keep_vars=True).items():  # PEFT filters the adapter's keys out of these
+        if isinstance(p, torch.nn.Parameter) and p.requires_grad:
+            full = _full(p)
+            if main:
+                adapter[name] = full.cpu()
+    merged: dict[str, torch.Tensor] = {}
+    if save_merged:
+        base = inner.get_base_model()
+        for name, t in _iter_all_merged(base, _lora_layers(base)):
+            if main:
+                merged[name] = t.cpu()
+    if not main:
+        return
+    inner.save_pretrained(str(final), safe_serialization=True, state_dict=adapter)
+    tokenizer.save_pretrained(str(final))
+    if save_merged:
+        inner.get_base_model().save_pretrained(str(final / "merged"), state_dict=merged, safe_serialization=True)
+        tokenizer.save_pretrained(str(final / "merged"))

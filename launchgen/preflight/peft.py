@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from launchgen.accelerate_config import read_user_config
 from launchgen.checks import Ctx, _doc, check, vllm_flag
 from launchgen.issues import Issue
 from launchgen.trainers.peft_config import (
@@ -29,9 +30,11 @@ _doc("LG341", "error", "A train.args.peft.modules_to_save entry matches no modul
      "Name a module of the model (e.g. embed_tokens), or remove the entry.")
 _doc("LG342", "info", "The peft target names were not checked: the model's config.json is not local, or its "
      "model_type is not in launchgen's table of module names.", "")
-_doc("LG343", "error", "peft (LoRA) with train.backend fsdp or deepspeed: the merged-weight sync and the "
-     "adapter-only checkpoints need unsharded parameters.",
-     "Use train.backend: ddp (the adapters' optimizer state is small; sharding it gains little).")
+_doc("LG343", "error", "peft (LoRA) with DeepSpeed (train.backend deepspeed_zero2/3) or FSDP1 (fsdp_version: 1 in "
+     "train.distributed.accelerate_config): the merged-weight sync and the adapter-only checkpoints are built for "
+     "one process, DDP and FSDP2; ZeRO's gathers and engine checkpoints were never run with adapters (deepspeed "
+     "is not in launchgen's test environment), FSDP1's flattened parameters are not gathered.",
+     "Use train.backend: fsdp (FSDP2, launchgen's default fsdp_version) or ddp.")
 _doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger kernels, model.compile: true, or "
      "generation.hf_engine: static_cache.",
      "Turn the setting off (use_liger_kernel: false, model.compile: auto or false, hf_engine: auto or generate).")
@@ -83,9 +86,26 @@ def peft_module_names(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG343")
 def peft_distributed_backend(ctx: Ctx) -> Iterator[Issue]:
-    if _section(ctx) is not None and ctx.spec.train.backend != "ddp":
+    t = ctx.spec.train
+    if _section(ctx) is not None and t.backend.startswith("deepspeed"):
         yield ctx.issue("LG343", "train.backend",
-                        f"train.backend {ctx.spec.train.backend} with peft: LoRA runs with one process or DDP")
+                        f"train.backend {t.backend} with peft: LoRA runs with one process, DDP or FSDP2 "
+                        "(train.backend fsdp), not DeepSpeed")
+
+
+@check("LG343", stage="files")
+def peft_fsdp_version(ctx: Ctx) -> Iterator[Issue]:
+    t = ctx.spec.train
+    path = t.distributed.accelerate_config
+    if _section(ctx) is None or t.device != "cuda" or t.backend != "fsdp" or path is None:
+        return
+    try:
+        fsdp = read_user_config(path).get("fsdp_config")
+    except (OSError, ValueError):
+        return  # LG633 reports the file
+    if isinstance(fsdp, dict) and str(fsdp.get("fsdp_version", 2)) == "1":
+        yield ctx.issue("LG343", "train.distributed.accelerate_config",
+                        f"{path} sets fsdp_version: 1; LoRA (peft) under FSDP needs FSDP2")
 
 
 @check("LG344")

@@ -23,16 +23,6 @@ HERE = Path(__file__).parent
 LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
 
 
-@pytest.fixture(scope="module")
-def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen2 with initializer_range 0.2: with transformers' 0.02 the random LM head's logits are nearly
-    flat (every token ~1/vocab whatever the hidden state), so only training the head itself (which LoRA does not
-    adapt) could learn the toy task; a full fine-tune with the head frozen does not learn it in 12 steps either."""
-    from launchgen.trainers.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-wide") / "m", initializer_range=0.2)
-
-
 def _cfg(tmp_path: Path, model: Path, out: str, peft_over: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:
     return toy_cfg(tmp_path, model, out, "grpo", **{"num_generations": 8, "peft": {**LORA, **(peft_over or {})}, **over})
 
@@ -284,15 +274,38 @@ def test_target_entry_matching_nothing_is_a_setup_error(tmp_path: Path, tiny_mod
         _trainer(_cfg(tmp_path, tiny_model_dir, "x", peft_over={"target_modules": ["q_proj", "qq_proj"]}))
 
 
-def test_sharded_backends_are_refused() -> None:
+def test_deepspeed_and_fsdp1_are_refused_fsdp2_is_not() -> None:
     from accelerate.utils import DistributedType
     from launchgen.trainers.lora import check_distributed
 
     class Acc:
-        distributed_type = DistributedType.FSDP
+        def __init__(self, kind: DistributedType, is_fsdp2: bool = False) -> None:
+            self.distributed_type, self.is_fsdp2 = kind, is_fsdp2
 
-    with pytest.raises(TrainerSetupError, match="one process or DDP"):
-        check_distributed(Acc())
+    with pytest.raises(TrainerSetupError, match="not DeepSpeed: the merged-weight sync under ZeRO-3"):
+        check_distributed(Acc(DistributedType.DEEPSPEED))
+    with pytest.raises(TrainerSetupError, match="needs FSDP2"):
+        check_distributed(Acc(DistributedType.FSDP))
+    for ok in (Acc(DistributedType.FSDP, is_fsdp2=True), Acc(DistributedType.MULTI_GPU), Acc(DistributedType.NO)):
+        check_distributed(ok)
+
+
+def test_new_adapters_do_not_depend_on_the_rank_seed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Each rank is seeded apart (set_seed device_specific) and FSDP2 keeps each rank's shard of its own init:
+    the adapters are drawn from the config's seed instead, leaving the run's random stream where it was."""
+    from launchgen.trainers.lora import wrap_policy
+    from transformers import AutoModelForCausalLM
+
+    cfg = TrainerConfig.model_validate(_cfg(tmp_path, tiny_model_dir, "x"))
+    drawn = []
+    for rank_seed in (0, 1):
+        torch.manual_seed(rank_seed)
+        wrapped = wrap_policy(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), cfg)
+        drawn.append(({n: p.detach() for n, p in wrapped.named_parameters() if ".lora_A." in n}, torch.rand(1)))
+    (a0, after0), (a1, after1) = drawn
+    assert a0 and a0.keys() == a1.keys() and all(torch.equal(a0[n], a1[n]) for n in a0)
+    torch.manual_seed(1)
+    assert torch.equal(after1, torch.rand(1)) and not torch.equal(after0, after1)
 
 
 def test_checkpoints_of_configs_without_peft_keep_their_fingerprint(tmp_path: Path) -> None:

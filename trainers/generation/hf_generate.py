@@ -54,6 +54,17 @@ class _SampledLogprobRecorder(LogitsProcessor):
         return torch.stack(self.values, dim=1)
 
 
+def _generate_through_fsdp_root(model: torch.nn.Module) -> None:
+    """A PEFT model under FSDP2 is the FSDP root, but its `generate` calls the transformers model inside it, past
+    the root's forward hooks: the root's own parameters (embeddings, final norm, LM head) would stay sharded, and
+    the first decoder layer to run would take itself for the root. FSDP2 runs those hooks around `generate` once
+    it is registered as a forward method (a full fine-tune's root is the transformers model: nothing to do)."""
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    if isinstance(model, FSDPModule) and hasattr(model, "get_base_model"):
+        register_fsdp_forward_method(model, "generate")
+
+
 class HFGenerateBackend:
     def __init__(
         self,
@@ -81,6 +92,8 @@ class HFGenerateBackend:
             DistributedType.FSDP,
             DistributedType.DEEPSPEED,
         )
+        if sharded:
+            _generate_through_fsdp_root(accelerator.unwrap_model(model))
         return cls(model, tokenizer.pad_token_id, eos_ids, accelerator, synced_gpus=sharded)
 
     def _unwrapped(self) -> Any:

