@@ -41,3 +41,27 @@ def never(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[flo
 def prompt_length(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
     """A tenth of the prompt's length in characters: independent of the completion, so hand-computable."""
     return [len(p if isinstance(p, str) else p[-1]["content"]) / 10 for p in prompts]
+
+
+_gated_calls = 0
+
+
+def target_fraction_gated(prompts: list[Any], completions: list[Any], *, gate_dir: str, gate_calls: list[int],
+                          **kwargs: Any) -> list[float | None]:
+    """`target_fraction`, but on each call numbered in `gate_calls` the trainer process first hands control to the
+    test: it creates `gate_dir/reached-<n>` and waits for the test to create `gate_dir/go-<n>` (a test that must
+    act at a known point of the run, e.g. kill a server between two steps, without racing the trainer)."""
+    import time
+    from pathlib import Path
+
+    global _gated_calls
+    _gated_calls += 1
+    if _gated_calls in gate_calls:
+        gate = Path(gate_dir)
+        (gate / f"reached-{_gated_calls}").touch()
+        deadline = time.monotonic() + 600
+        while not (gate / f"go-{_gated_calls}").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"target_fraction_gated: no go-{_gated_calls} in {gate} within 600 s")
+            time.sleep(0.1)
+    return target_fraction(prompts, completions)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import yaml
 from launchgen.trainers.generation.vllm_client import VLLMClient
 from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 from launchgen.trainers.generation.weight_transfer import NCCLTransport
 from launchgen.trainers.peft_config import FUSED_GROUPS
 
-from vllm_real.harness import free_port
+from vllm_real.harness import REPO_ROOT, free_port
 
 #: Processed logprobs of vLLM's float32 CPU path against the trainer's log_softmax(logits / T): measured
 #: 5e-7 .. 2e-6 on the tiny model; this bound still fails on a single stale weight.
@@ -91,3 +96,55 @@ def vllm_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 parts = [out.pop(f"{module_path}.{m}.{rest}") for m in members]
                 out[f"{module_path}.{fused}.{rest}"] = torch.cat(parts, dim=0)
     return out
+
+
+# -- a trainer run through the bundled CLI, as a job script starts it -------------------------------------------
+
+def trainer_config(tmp_path: Path, model: Path, server: Served, trainer: str, steps: int) -> dict[str, Any]:
+    """A small run of `trainer` against `server` that learns the toy task and saves its final model."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i} and 7", "answer": "7"}) + "\n" for i in range(16)))
+    return {
+        "trainer": trainer,
+        "output_dir": str(tmp_path / "out"),
+        "precision": "fp32",
+        "model": {"name_or_path": str(model)},
+        "data": {"path": str(data)},
+        "rewards": [{"name": "toy_rewards:target_fraction"}],
+        "generation": {
+            "backend": "vllm_server",
+            "max_completion_length": 6,
+            "vllm_server": {"host": "127.0.0.1", "port": server.port, "group_port": free_port(),
+                            "health_timeout": 120, "weight_sync_timeout": 120, "control_timeout": 60},
+        },
+        "per_device_train_batch_size": 8,
+        "num_generations": 4 if trainer == "grpo" else 2,
+        "learning_rate": 0.02,
+        "lr_scheduler_type": "constant",
+        "max_steps": steps,
+        "logging_steps": 1,
+        "save_steps": 0,
+        "report_to": ["jsonl"],
+        "save_final_model": True,
+    }
+
+
+def trainer_command(tmp_path: Path, cfg: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the CLI run of `cfg` (its config written to tmp_path; tests/trainers' rewards)."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "trainers"), os.environ.get("PYTHONPATH", "")]))
+    return [sys.executable, "-m", f"launchgen.trainers.{cfg['trainer']}", "--config", str(path)], env
+
+
+def read_metrics(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (Path(cfg["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(tmp_path: Path, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run `cfg` to the end; its metrics, one dict per logged step."""
+    argv, env = trainer_command(tmp_path, cfg)
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return read_metrics(cfg)

@@ -82,10 +82,13 @@ def test_worker_errors_read_as_the_workers_text(fresh: Callable[..., Server]) ->
 
 def test_route_table_shutdown_and_weight_version(fresh: Callable[..., Server], real_model: Path) -> None:
     server = fresh()
+    # a fresh (or restarted) server's version before any push: vLLM's EngineCore starts at "default"
+    assert _client(server).weight_version() == "default"
     backend = connect(server)
     assert backend.client is not None
     routes = backend.client.routes()
     assert routes is not None and {"/shutdown_weight_transfer_engine", "/weight_info", "/v1/completions"} <= routes
+    assert backend.client.weight_version() == "default"  # connect's start + finish carry no version: kept
     backend.sync_weights(iter(load_model(real_model).named_parameters()))
     assert backend.client.weight_version() == "1"
     backend.close()

