@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,23 @@ class Trainer:
 
     def split_passes(self, mb: Batch) -> list[tuple[Batch, Stat]]:
         return split_passes(mb, self.cfg.max_tokens_per_forward, self.source.layout, self.objective.pair_size,
-                            self.objective.loss_share)
+                            self.objective.loss_share, self._agree_passes)
+
+    @property
+    def _agree_passes(self) -> Callable[[int], int] | None:
+        """Under FSDP every rank must run as many forward passes (see `passes.split_passes`): the max over ranks."""
+        from accelerate.utils import DistributedType
+
+        acc = self.accelerator
+        if acc.num_processes == 1 or acc.distributed_type != DistributedType.FSDP:
+            return None
+
+        def agree(n: int) -> int:
+            t = torch.tensor([n], device=acc.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            return int(t.item())
+
+        return agree
 
     def micro_loss(self, mb: Batch, stats: StepStats) -> torch.Tensor:
         return self.objective.loss(self.model, mb, stats)

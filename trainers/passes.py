@@ -65,8 +65,23 @@ def _pack(lengths: list[int], rows: int, unit: int, fixed: int, limit: int) -> l
     return groups
 
 
+def _split_to(groups: list[list[int]], count: int, unit: int) -> list[list[int]]:
+    """`groups` with the largest ones halved (at a unit boundary) until there are `count`: more, smaller passes
+    are always within the token limit. Possible whenever `count` is at most the number of units."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        i = max(range(len(groups)), key=lambda j: len(groups[j]))
+        g = groups[i]
+        cut = (len(g) + unit - 1) // unit // 2 * unit
+        if cut == 0:
+            raise ValueError(f"cannot cut {len(groups)} passes into {count}: too few rows")
+        groups[i:i + 1] = [g[:cut], g[cut:]]
+    return groups
+
+
 def split_passes(
-    mb: Batch, limit: int | None, layout: RowLayout, unit: int, share: Callable[[Batch, Batch], Stat]
+    mb: Batch, limit: int | None, layout: RowLayout, unit: int, share: Callable[[Batch, Batch], Stat],
+    agree: Callable[[int], int] | None = None,
 ) -> list[tuple[Batch, Stat]]:
     """The micro-batch as passes of at most `limit` tokens, each with the factor (`share(part, mb)`) that turns its
     loss (normalised over the pass) into its share of the micro-batch's loss, so the summed gradient is the
@@ -75,13 +90,27 @@ def split_passes(
     Rows (`unit` at a time: a pair never spans passes) are sorted by length, longest first, and packed greedily;
     each pass drops the right padding beyond its longest row (causal attention: the kept positions compute exactly
     what they did with it). Scalars are kept as they are.
+
+    `agree` (sharded parameters: FSDP): given this rank's pass count, the count every rank must run (the max over
+    ranks). Each forward pass all-gathers the layers' parameters, a collective, so a rank with fewer passes than
+    another would leave it waiting forever; a rank below the agreed count cuts its largest passes in two. Every
+    rank has the same rows per micro-batch, so the count never exceeds what a rank can cut to.
     """
     rows = layout.rows(mb)
-    if limit is None or rows * layout.width(mb) <= limit:
+    if limit is None:
+        return [(mb, 1.0)]
+    whole = rows * layout.width(mb) <= limit
+    if whole and agree is None:
         return [(mb, 1.0)]
     row_lengths = mb[layout.mask_key].sum(1)
     lengths = row_lengths.tolist()  # one host sync per micro-batch, only when passes are on
-    groups = _pack(lengths, rows, unit, layout.width(mb) - layout.trim_width(mb), limit)
+    fixed = layout.width(mb) - layout.trim_width(mb)
+    groups = [list(range(rows))] if whole else _pack(lengths, rows, unit, fixed, limit)
+    if agree is not None:
+        count = agree(len(groups))
+        if count == 1:
+            return [(mb, 1.0)]
+        groups = _split_to(groups, count, unit)
     parts: list[tuple[Batch, Stat]] = []
     for g in groups:
         idx = torch.tensor(sorted(g), dtype=torch.long, device=row_lengths.device)

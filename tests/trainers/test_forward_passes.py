@@ -167,6 +167,45 @@ def test_passes_pack_longest_first_and_drop_right_padding() -> None:
     assert _GRPOSplitter("grpo", 10**6).split_passes(mb) == [(mb, 1.0)]
 
 
+def test_agreed_pass_count_cuts_passes_and_keeps_the_gradient_shares() -> None:
+    """FSDP: every rank runs the count `agree` returns (the max over ranks), even a rank whose micro-batch fits in
+    one pass; the extra passes come from cutting the largest, at pair boundaries, within the limit."""
+    from launchgen.trainers.passes import split_passes
+    from launchgen.trainers.rollout import RL_LAYOUT
+
+    lengths = [10, 3, 7, 1, 0, 5]
+    rows, width = len(lengths), 10
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    mb = {"prompt_ids": torch.ones(rows, 4, dtype=torch.long), "prompt_mask": torch.ones(rows, 4, dtype=torch.long),
+          "completion_ids": torch.arange(rows * width).reshape(rows, width), "completion_mask": mask,
+          "advantages": torch.arange(rows, dtype=torch.float32), "num_items_in_batch": torch.tensor(26.0)}
+    splitter = _GRPOSplitter("bnpo", 10**6)
+    asked: list[int] = []
+
+    def agree_to(n: int) -> Any:
+        def agree(mine: int) -> int:
+            asked.append(mine)
+            return n
+        return agree
+
+    def split(limit: int, unit: int, n: int) -> list[tuple[dict[str, Any], Any]]:
+        return split_passes(mb, limit, RL_LAYOUT, unit, splitter.objective.loss_share, agree_to(n))
+
+    assert split(10**6, 1, 1) == [(mb, 1.0)] and asked == [1]  # fits, and so do all other ranks'
+    parts = split(10**6, 1, 4)  # fits here, another rank needs 4 passes
+    assert asked[-1] == 1 and len(parts) == 4
+    assert sorted(r for p, _ in parts for r in p["advantages"].tolist()) == [float(r) for r in range(rows)]
+    assert sum(float(s) for _, s in parts) == pytest.approx(1.0)
+    parts = split(30, 1, 5)  # 3 passes of its own (see the packing test), cut to 5, each still within the limit
+    assert asked[-1] == 3 and len(parts) == 5
+    assert all(p["prompt_ids"].numel() + p["completion_ids"].numel() <= 30 for p, _ in parts)
+    assert sum(float(s) for _, s in parts) == pytest.approx(1.0)
+    pairs = split(10**6, 2, 3)  # online_dpo's unit: a pair never spans two passes
+    assert [p["advantages"].tolist() for p, _ in pairs] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    with pytest.raises(ValueError, match="too few rows"):
+        split(10**6, 2, 4)
+
+
 class _VariedLengths:
     """Generation stand-in: completion i has 1 + (i * 5) % 7 tokens, the last one EOS, so passes must trim."""
 
