@@ -49,7 +49,7 @@ from accelerate.utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.peft_config import ALL_LINEAR, FUSED_GROUPS, PeftSection, matches
-from launchgen.trainers.weights import clean_name
+from launchgen.trainers.weights import clean_name, full_tensor
 
 ADAPTER = "default"
 #: accelerate's files of the first prepared model (safetensors) and optimizer (`save_accelerator_state`).
@@ -255,12 +255,6 @@ def _base_of(model: Any, accelerator: Any) -> torch.nn.Module:
     return base
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a parameter: an FSDP2 DTensor shard is all-gathered (a collective), else itself."""
-    t = t.detach()
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 @contextlib.contextmanager
 def _gathered(*modules: torch.nn.Module) -> Iterator[None]:
     """Each module's sharded parameters replaced by their gathered full tensors, restored on exit: PEFT's own
@@ -272,7 +266,7 @@ def _gathered(*modules: torch.nn.Module) -> Iterator[None]:
             for name, p in list(m._parameters.items()):
                 if p is not None and hasattr(p, "full_tensor"):
                     saved.append((m, name, p))
-                    m._parameters[name] = _full(p)  # type: ignore[assignment]
+                    m._parameters[name] = full_tensor(p)
         yield
     finally:
         for m, name, p in saved:
@@ -313,10 +307,10 @@ def _linear_params(name: str, module: Any, lora: dict[str, Any]) -> Iterator[tup
         yield clean_name(f"{name}.weight"), merged_weight(module)
         bias = getattr(module.get_base_layer(), "bias", None)
     else:
-        yield clean_name(f"{name}.weight"), _full(module.weight)
+        yield clean_name(f"{name}.weight"), full_tensor(module.weight)
         bias = getattr(module, "bias", None)
     if bias is not None:
-        yield clean_name(f"{name}.bias"), _full(bias)
+        yield clean_name(f"{name}.bias"), full_tensor(bias)
 
 
 def iter_sync_params(model: Any, accelerator: Any = None, full: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
@@ -331,7 +325,7 @@ def iter_sync_params(model: Any, accelerator: Any = None, full: bool = False) ->
         yield from _linear_params(name, modules[name], lora)
     for name, module in _saved_modules(base):
         for pname, p in module.named_parameters():
-            yield clean_name(f"{name}.{pname}"), _full(p)
+            yield clean_name(f"{name}.{pname}"), full_tensor(p)
 
 
 def _iter_all_merged(base: torch.nn.Module, lora: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -344,7 +338,7 @@ def _iter_all_merged(base: torch.nn.Module, lora: dict[str, Any]) -> Iterator[tu
                 yield clean_name(f"{owner}.weight"), merged_weight(lora[owner])
                 continue
             name = f"{owner}.{leaf}"
-        yield clean_name(name.replace(f".modules_to_save.{ADAPTER}.", ".")), _full(p)
+        yield clean_name(name.replace(f".modules_to_save.{ADAPTER}.", ".")), full_tensor(p)
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
@@ -431,7 +425,7 @@ class ShardedAdapterState:
         params = dict(self.model.named_parameters())
         state = {}
         for name in self.keys:
-            full = _full(params[name])
+            full = full_tensor(params[name])
             if main:
                 state[name] = full.cpu().contiguous()
         optim = get_optimizer_state_dict(self.model, _torch_optimizer(self.optimizer),
@@ -479,7 +473,7 @@ def _save_final_sharded(accelerator: Any, inner: Any, tokenizer: Any, final: Pat
     adapter: dict[str, torch.Tensor] = {}
     for name, p in inner.state_dict(keep_vars=True).items():  # PEFT filters the adapter's keys out of these
         if isinstance(p, torch.nn.Parameter) and p.requires_grad:
-            full = _full(p)
+            full = full_tensor(p)
             if main:
                 adapter[name] = full.cpu()
     merged: dict[str, torch.Tensor] = {}

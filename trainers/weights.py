@@ -50,10 +50,14 @@ def iter_full_named_params(model: torch.nn.Module, accelerator: Any = None) -> I
             inner = model
     with fsdp1_ctx:
         for name, p in inner.named_parameters():
-            t = p.detach()
-            if hasattr(t, "full_tensor"):  # FSDP2 / TP DTensor
-                t = t.full_tensor()
-            yield clean_name(name), t
+            yield clean_name(name), full_tensor(p)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole of a parameter, detached: an FSDP2 / TP DTensor shard is all-gathered (a collective every rank
+    runs), any other tensor is itself."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def iter_sync_params(
