@@ -173,7 +173,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_592F24D6E4666AB8
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_8CDD17D4C3B7FE4A'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_42B44B871AB46E35'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -260,6 +260,11 @@ importance_sampling_level: token
 delta: null
 top_entropy_quantile: 1.0
 entropy_coef: 0.0
+use_adaptive_entropy: false
+entropy_coef_min: 0.0
+entropy_coef_max: 1.0
+entropy_coef_delta: 0.005
+entropy_target: 0.2
 off_policy_mask_threshold: null
 sapo_temperature_pos: 1.0
 sapo_temperature_neg: 1.05
@@ -297,7 +302,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_8CDD17D4C3B7FE4A
+LAUNCHGEN_EOF_42B44B871AB46E35
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

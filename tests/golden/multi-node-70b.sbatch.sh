@@ -198,7 +198,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_3E123573077F713C
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_4410903A12F5AB6E'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_468B2DAB00A89283'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -285,6 +285,11 @@ importance_sampling_level: token
 delta: null
 top_entropy_quantile: 1.0
 entropy_coef: 0.0
+use_adaptive_entropy: false
+entropy_coef_min: 0.0
+entropy_coef_max: 1.0
+entropy_coef_delta: 0.005
+entropy_target: 0.2
 off_policy_mask_threshold: null
 sapo_temperature_pos: 1.0
 sapo_temperature_neg: 1.05
@@ -322,7 +327,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_4410903A12F5AB6E
+LAUNCHGEN_EOF_468B2DAB00A89283
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -198,7 +198,7 @@ train:
       temperature: 1.0
 LAUNCHGEN_EOF_998EF4200A29CB6E
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_20A5C50BF5D8ACCF'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B8B862ABBBA73D78'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -285,6 +285,11 @@ importance_sampling_level: token
 delta: null
 top_entropy_quantile: 1.0
 entropy_coef: 0.0
+use_adaptive_entropy: false
+entropy_coef_min: 0.0
+entropy_coef_max: 1.0
+entropy_coef_delta: 0.005
+entropy_target: 0.2
 off_policy_mask_threshold: null
 sapo_temperature_pos: 1.0
 sapo_temperature_neg: 1.05
@@ -322,7 +327,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_20A5C50BF5D8ACCF
+LAUNCHGEN_EOF_B8B862ABBBA73D78
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

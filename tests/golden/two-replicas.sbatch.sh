@@ -194,7 +194,7 @@ train:
     max_steps: 500
 LAUNCHGEN_EOF_33535154F34A20BB
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CF0498A244702649'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6FB1ADCABFB8546B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: runs/%j/trainer
@@ -287,6 +287,11 @@ importance_sampling_level: token
 delta: null
 top_entropy_quantile: 1.0
 entropy_coef: 0.0
+use_adaptive_entropy: false
+entropy_coef_min: 0.0
+entropy_coef_max: 1.0
+entropy_coef_delta: 0.005
+entropy_target: 0.2
 off_policy_mask_threshold: null
 sapo_temperature_pos: 1.0
 sapo_temperature_neg: 1.05
@@ -324,7 +329,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_CF0498A244702649
+LAUNCHGEN_EOF_6FB1ADCABFB8546B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
