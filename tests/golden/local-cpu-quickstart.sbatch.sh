@@ -791,8 +791,10 @@ fi
 # the job's last line says where the trainer's error is (a server failure has named the server's log already)
 if ((LG_TRAINER_FAILED)); then
   LG_FAILED_LOG=$(lg_failed_trainer_log)
-  # the trainer's own reason, here too (a refused resume, a bad config): its last error line
-  LG_REASON=$(grep -E 'Error|ERROR|refus' -- "$LG_FAILED_LOG" 2>/dev/null | tail -n 1) || true
+  # the trainer's own reason, here too (a refused resume, a bad config): its `error: ...` line, else the last
+  # line naming an error (a traceback's)
+  LG_REASON=$(grep -m 1 -E '^(error|ERROR):' -- "$LG_FAILED_LOG" 2>/dev/null) ||
+    LG_REASON=$(grep -E 'Error|ERROR' -- "$LG_FAILED_LOG" 2>/dev/null | tail -n 1) || true
   if [[ -n $LG_REASON ]]; then
     lg_log "the trainer says: ${LG_REASON:0:2000}"
   fi
