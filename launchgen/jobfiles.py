@@ -312,6 +312,55 @@ def read_job_dir(job_dir: Path | None, finished: bool | None) -> JobDirContents:
     return out
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds per optimizer step of a run, from its trainer's metrics.jsonl."""
+
+    seconds: list[float]
+    source: str  # the file, and which metric
+    steps_done: int
+
+    @property
+    def median(self) -> float:
+        xs = sorted(self.seconds)
+        mid = len(xs) // 2
+        return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def read_step_times(job_dir: Path, record: J.RunRecord | None = None) -> StepTimes:
+    """The step times a run logged (`time/step`, else the sum of its phases), the first logged step left out (it
+    compiles and warms caches). A logging record averages `logging_steps` steps, so each counts as their mean.
+    Raises StatusError when the directory has no readable metrics."""
+    sub = record.layout_value("trainer_output_dir") if record is not None else None
+    path = job_dir / (sub or J.DEFAULT_LAYOUT.trainer_output_dir) / J.METRICS_FILE
+    if not path.is_file():
+        path = job_dir / J.METRICS_FILE  # a trainer's own output_dir given directly
+    if not path.is_file():
+        raise StatusError(f"no {J.METRICS_FILE} in {job_dir} (nor in its trainer/ folder): the run logged no step yet")
+    rows: list[dict[str, Any]] = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a kill mid-write
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    times, metric = [], J.STEP_TIME_METRIC
+    for row in rows:
+        v = row.get(J.STEP_TIME_METRIC)
+        if not isinstance(v, (int, float)):
+            phases = [row.get(k) for k in J.STEP_PHASE_METRICS]
+            if not any(isinstance(p, (int, float)) for p in phases):
+                continue
+            v, metric = sum(p for p in phases if isinstance(p, (int, float))), "the sum of time/* phases"
+        times.append(float(v))
+    if not times:
+        raise StatusError(f"{path} has no step times ({J.STEP_TIME_METRIC} or time/* phases)")
+    kept = times[1:] or times
+    return StepTimes(kept, f"{path} ({metric}, median of {len(kept)} logged step(s))",
+                     max(int(r["step"]) for r in rows))
+
+
 def find_batch_log(job_id: str, info: SchedulerInfo | None, record: J.RunRecord | None,
                    job_dir: Path | None) -> str | None:
     """The batch script's output file: the run record's, the scheduler's StdOut, or the plan's `--output` name

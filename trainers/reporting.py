@@ -29,6 +29,8 @@ from typing import Any
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 
+from launchgen.jobdir import METRICS_FILE
+
 #: The plain line's prefix (grep for it).
 LINE_PREFIX = "[launchgen] step"
 #: Metrics shown on the plain line, in order, with their formats (shown when the window produced them).
@@ -136,7 +138,7 @@ class Reporter:
 
     def __init__(self, cfg: TrainerConfig, out: Path, is_main: bool, initial_step: int, resumed: bool) -> None:
         self.cfg, self.out, self.is_main = cfg, out, is_main
-        self.metrics_path = out / "metrics.jsonl"
+        self.metrics_path = out / METRICS_FILE
         self._tokens = 0.0
         self._t0 = time.perf_counter()
         self.bar: Any = None
