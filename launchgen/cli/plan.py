@@ -25,7 +25,7 @@ Runs the same checks as `launchgen check` first and refuses (exit 2) when there 
 \b
 Examples:
   launchgen plan topology.yaml
-  launchgen plan topology.yaml --from-run launchgen-runs/12345   # GPU-hours from that run's step times
+  launchgen plan topology.yaml --from-run launchgen-runs/12345  # GPU-hours
   launchgen plan topology.yaml --format json | jq '.estimate.trainer'
 """
 
