@@ -22,21 +22,23 @@ from launchgen import __version__
 VERBS = ("init", "check", "plan", "render", "schema", "status", "logs")
 
 HELP = """\
-launchgen: one YAML topology spec -> a validated plan -> an sbatch (or bash) script that runs a vLLM server
-and accelerate trainers together, and leaves nothing behind.
+launchgen: one YAML topology spec -> a validated plan -> an sbatch (or bash)
+script that runs a vLLM server and accelerate trainers together, and leaves
+nothing behind.
 
 \b
 Examples:
-  launchgen init topology.yaml --layout single-node-split   # a commented starter spec
-  launchgen check topology.yaml                              # every problem knowable before the queue
-  launchgen check topology.yaml --live                       # ... and against this cluster (sinfo, GPUs, versions)
-  launchgen plan topology.yaml                               # node x GPU map and port plan
-  launchgen render topology.yaml > job.sbatch && sbatch job.sbatch
-  launchgen render topology.yaml --bash -o job.sh            # one machine, no SLURM
-  launchgen schema --format markdown                         # the spec reference
+  launchgen init topology.yaml     # a commented starter spec
+  launchgen check topology.yaml    # every problem knowable before the queue
+  launchgen check topology.yaml --live   # ... and against this cluster
+  launchgen plan topology.yaml     # node x GPU map and port plan
+  launchgen render topology.yaml -o job.sbatch && sbatch job.sbatch
+  launchgen render topology.yaml --bash -o job.sh   # one machine, no SLURM
+  launchgen status 12345           # who ended first and how, and its log
+  launchgen schema --format markdown               # the spec reference
 
-Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with --strict) or bad usage,
-1 an internal error. Set LAUNCHGEN_DEBUG=1 to see tracebacks.
+Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with
+--strict) or bad usage, 1 an internal error. LAUNCHGEN_DEBUG=1 shows tracebacks.
 """
 
 
@@ -99,7 +101,7 @@ class LaunchgenGroup(click.Group):
 
 
 @click.group(cls=LaunchgenGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"],
-                                                              "max_content_width": 120})
+                                                              "max_content_width": 80})
 @click.version_option(__version__, "--version", prog_name="launchgen", message="%(prog)s %(version)s")
 def main() -> None:
     pass

@@ -13,7 +13,7 @@ from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
-class OnlineDPOObjective:
+class OnlineDPOObjective(base.NoStepState):
     config_class = OnlineDPOConfig
     name = OnlineDPOConfig.trainer_name
     pair_size = 2  # rows are (chosen, rejected) pairs: never split by the shuffle or the passes

@@ -13,7 +13,7 @@ from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
-class RLOOObjective:
+class RLOOObjective(base.NoStepState):
     config_class = RLOOConfig
     name = RLOOConfig.trainer_name
     pair_size = 1

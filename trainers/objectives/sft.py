@@ -8,12 +8,12 @@ import torch
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.configs.sft import SFTConfig
 from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry
+from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry, NoStepState
 from launchgen.trainers.stats import Stat, StepStats
 from launchgen.trainers.supervised import ExampleSource, make_liger_ce_loss, sequence_nll
 
 
-class SFTObjective:
+class SFTObjective(NoStepState):
     config_class = SFTConfig
     name = SFTConfig.trainer_name
     pair_size = 1
