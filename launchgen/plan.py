@@ -439,7 +439,7 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
                   config: TrainerConfig) -> TrainerPlan:
     t = spec.train
     num_machines, num_processes = lay.num_machines, lay.world_size
-    module = f"launchgen.trainers.{t.trainer}"
+    module = config.facts.entry_module
     overrides = _trainer_overrides(lay.mode, lay.replicas)
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),

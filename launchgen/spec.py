@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from launchgen import directives, ports
-from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, Precision, TrainerName
+from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE, Precision
+from launchgen.trainers.configs import TRAINER_NAMES, TrainerName
 
 SPEC_VERSION = 1
 
@@ -488,7 +489,7 @@ class TrainSpec(_Section):
     colocate_master_port: int = Field(
         default=29600, description="Colocate: MASTER_PORT vLLM's external launcher uses (distinct from the rendezvous)."
     )
-    trainer: TrainerName = Field(default="grpo", description="Bundled trainer: grpo, rloo, online_dpo, sft.")
+    trainer: TrainerName = Field(default="grpo", description=f"Bundled trainer: {', '.join(TRAINER_NAMES)}.")
     precision: Precision = Field(default="bf16", description="bf16 (Ampere or newer), fp16 (with loss scaling) or fp32.")
     bf16: bool | None = Field(default=None, description="TRL-style alias; `bf16: true` = precision bf16.")
     fp16: bool | None = Field(default=None, description="TRL-style alias; `fp16: true` = precision fp16.")

@@ -176,7 +176,7 @@ train:
 container: null
 LAUNCHGEN_EOF_0245D91D9C69B646
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_42B44B871AB46E35'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6D8A04D13E7F05ED'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -259,23 +259,6 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
-importance_sampling_level: token
-delta: null
-top_entropy_quantile: 1.0
-entropy_coef: 0.0
-use_adaptive_entropy: false
-entropy_coef_min: 0.0
-entropy_coef_max: 1.0
-entropy_coef_delta: 0.005
-entropy_target: 0.2
-off_policy_mask_threshold: null
-sapo_temperature_pos: 1.0
-sapo_temperature_neg: 1.05
-vespo_k_pos: 2.0
-vespo_lambda_pos: 3.0
-vespo_k_neg: 3.0
-vespo_lambda_neg: 2.0
-multi_objective_aggregation: sum_then_normalize
 learning_rate: 1.0e-06
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -305,7 +288,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_42B44B871AB46E35
+LAUNCHGEN_EOF_6D8A04D13E7F05ED
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

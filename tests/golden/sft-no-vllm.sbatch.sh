@@ -161,7 +161,7 @@ train:
 container: null
 LAUNCHGEN_EOF_FA13BEFA0C06C376
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7B92CBB597F8D751'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_DD6B59AE44143916'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -244,23 +244,6 @@ use_bias_correction_kl: true
 normalize_advantages: false
 reward_clip_range: null
 mask_truncated_completions: false
-importance_sampling_level: token
-delta: null
-top_entropy_quantile: 1.0
-entropy_coef: 0.0
-use_adaptive_entropy: false
-entropy_coef_min: 0.0
-entropy_coef_max: 1.0
-entropy_coef_delta: 0.005
-entropy_target: 0.2
-off_policy_mask_threshold: null
-sapo_temperature_pos: 1.0
-sapo_temperature_neg: 1.05
-vespo_k_pos: 2.0
-vespo_lambda_pos: 3.0
-vespo_k_neg: 3.0
-vespo_lambda_neg: 2.0
-multi_objective_aggregation: sum_then_normalize
 learning_rate: 2.0e-05
 lr_scheduler_type: linear
 warmup_steps: 0
@@ -290,7 +273,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_7B92CBB597F8D751
+LAUNCHGEN_EOF_DD6B59AE44143916
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE
