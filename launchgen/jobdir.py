@@ -67,6 +67,10 @@ COMPLETE_MARKER = "launchgen-complete.json"
 #: METRICS_WALL_KEY: when the record was written (Unix seconds), which places the step on the job's timeline
 METRICS_FILE = "metrics.jsonl"
 METRICS_WALL_KEY = "time/wall"
+#: the wall seconds of one optimizer step in a metrics record (`launchgen plan --from-run` turns it into GPU-hours)
+STEP_TIME_METRIC = "time/step"
+#: what older runs logged instead of `time/step`: the phases of a step, summed
+STEP_PHASE_METRICS = ("time/generate", "time/score", "time/train", "time/sync_weights")
 #: the job id `render --bash` runs use (`%j` -> `local`)
 LOCAL_JOB_ID = "local"
 ROLES = ("server", "trainer")
