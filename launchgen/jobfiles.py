@@ -72,6 +72,9 @@ def _str_or_none(v: Any) -> str | None:
 def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
     if J.Ev.HEALTH_TIMEOUT in e.words:
         return Seen.HEALTH_TIMEOUT, "server", {}
+    if J.Ev.HEALTH_LOST in e.words:
+        return Seen.SERVER_DIED, "server", {"message": "stopped answering /health after it was healthy (hung): "
+                                                       "the supervisor stopped everything"}
     return Seen.SERVER_DIED, "server", {"exit_code": e.fields.get("exit")}
 
 
