@@ -143,7 +143,7 @@ def test_reward_module_missing(submit: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def test_reward_registry_imports_no_torch() -> None:
-    code = ("import sys, launchgen.trainers.rewards as r, launchgen.trainers.datafiles, launchgen.preflight;"
+    code = ("import sys, launchgen.trainers.rewards as r, launchgen.trainers.datafiles, launchgen.checks;"
             "print(sorted(r.BUILTINS), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['accuracy', 'format', 'length'] False"
