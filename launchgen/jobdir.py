@@ -62,6 +62,11 @@ STATIC_PLAN_FILE = "launchgen-plan.static.json"
 #: a JSON-lines event file in the job directory: no launchgen script writes one; read when present
 #: written into the trainer's output_dir when max_steps is reached: the scripts stop requeueing once it exists
 COMPLETE_MARKER = "launchgen-complete.json"
+#: in the trainer's output_dir: one JSON record per logging step (`launchgen.trainers.reporting` writes it,
+#: `launchgen report` reads it through `jobfiles.read_metrics`); `step` and the metrics of that step, plus
+#: METRICS_WALL_KEY: when the record was written (Unix seconds), which places the step on the job's timeline
+METRICS_FILE = "metrics.jsonl"
+METRICS_WALL_KEY = "time/wall"
 #: the job id `render --bash` runs use (`%j` -> `local`)
 LOCAL_JOB_ID = "local"
 ROLES = ("server", "trainer")

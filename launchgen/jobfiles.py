@@ -331,3 +331,49 @@ def find_batch_log(job_id: str, info: SchedulerInfo | None, record: J.RunRecord 
             dirs += [job_dir, *list(job_dir.resolve().parents)[:3]]
         cands += [d / rel for d in dirs]
     return next((str(c) for c in cands if c.is_file()), None)
+
+
+# ------------------------------------------------------------------------------------ trainer metrics ---
+
+
+@dataclass
+class MetricsRecord:
+    """One logging step of the trainer's metrics.jsonl: its numbers (None for a NaN the trainer wrote as null)
+    and, from trainers that stamp it (`jobdir.METRICS_WALL_KEY`), when it was written."""
+
+    step: int
+    wall: float | None
+    values: dict[str, float | None]
+
+
+def metrics_file(job_dir: Path, record: J.RunRecord | None) -> Path:
+    """The trainer's metrics.jsonl: in the plan's trainer output directory (relative to the job directory)."""
+    out = (record.layout_value("trainer_output_dir") if record else None) or J.DEFAULT_LAYOUT.trainer_output_dir
+    return job_dir / out / J.METRICS_FILE
+
+
+def read_metrics(job_dir: Path, record: J.RunRecord | None) -> tuple[list[MetricsRecord], list[str]]:
+    """The records in step order (a step logged twice, by a resumed attempt, keeps its last record) and notes
+    on what could not be read (a line torn by a kill mid-write is skipped, saying so)."""
+    path = metrics_file(job_dir, record)
+    if not path.is_file():
+        return [], [f"no {J.METRICS_FILE} in {path.parent} (the trainer logged no step)"]
+    by_step: dict[int, MetricsRecord] = {}
+    torn = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1
+            continue
+        step = _as_int(data.get("step")) if isinstance(data, dict) else None
+        if step is None:
+            torn += 1
+            continue
+        wall = data.get(J.METRICS_WALL_KEY)
+        values = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+                  for k, v in data.items() if k not in ("step", J.METRICS_WALL_KEY)
+                  and (v is None or isinstance(v, (int, float)))}
+        by_step[step] = MetricsRecord(step, float(wall) if isinstance(wall, (int, float)) else None, values)
+    notes = [f"{path}: {torn} line(s) that are not a step record were skipped"] if torn else []
+    return [by_step[s] for s in sorted(by_step)], notes

@@ -152,6 +152,11 @@ def _job_roles(f: _Facts) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- how a role ended ---
 
 
+def how_ended(ev: Event) -> tuple[str, str]:
+    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it)."""
+    return _how(ev)
+
+
 def _how(ev: Event) -> tuple[str, str]:
     """-> (state, sentence) for a role-ending event."""
     if ev.event == Seen.HEALTH_TIMEOUT:

@@ -12,6 +12,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -300,6 +301,15 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert res.returncode == 0, res.stderr + (log.read_text()[-3000:] if log.exists() else "")
     assert (job / "trainer" / "launchgen-complete.json").is_file()
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
+    # its picture (issue 28): `launchgen report` on the job directory, opened in headless Chromium
+    from chromium import assert_figures_rendered, open_in_chromium
+
+    rep = subprocess.run([sys.executable, "-m", "launchgen", "report", "local"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    dom = open_in_chromium(job / "launchgen-report.html", tmp_path / "chromium-profile")
+    assert_figures_rendered(dom)
+    assert dom.count("training step") >= 1 and "ended first: exited 0" in dom
 
 
 @pytest.mark.slow

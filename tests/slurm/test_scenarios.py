@@ -422,6 +422,17 @@ def test_pre_timeout_signal_checkpoints_requeues_and_resumes(cluster: Cluster, w
     text0 = j.logs()[t0[0]].read_text(errors="replace")
     assert "exiting 75" in text0 and "CalledProcessError" not in text0 and "Traceback" not in text0, text0[-3000:]
     assert_no_survivors(cluster, j)
+    # its picture (issue 28): both attempts on the timeline, the requeue, who ended first; opened in Chromium
+    from chromium import assert_figures_rendered, open_in_chromium
+
+    page = work / "report.html"
+    p = sh([*launchgen_cmd_for_tests(), "report", j.id, "-o", str(page)], check=False)
+    assert p.returncode == 0, p.stderr
+    dom = open_in_chromium(page, work / "chromium-profile")
+    assert_figures_rendered(dom)
+    for lane in ("attempt 0 · server", "attempt 0 · trainer", "attempt 1 · server", "attempt 1 · trainer"):
+        assert lane in dom, lane
+    assert ">requeue<" in dom and "ended first: checkpointed and exited 75" in dom  # its legend entry; the table
 
 
 def test_requeue_cap_from_restart_count(cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path,
@@ -500,7 +511,7 @@ def test_startup_overlaps(cluster: Cluster, work: Path, jobs: list[Job], shared_
     assert start is not None, j.describe()
     # when the server became healthy, as the trainer's own poller saw it (the supervisor polls only once a second)
     healthy = json.loads((j.job_dir / "trainer" / "fake-trainer-timeline.json").read_text())["healthy"]
-    first_step = j.metrics()[0]["ts"]
+    first_step = j.metrics()[0]["time/wall"]
     s = healthy - start  # the server's real start-up: the stand-in's own load plus the 6 s delay
     bound = max(s, t_load) + 5
     took = first_step - start
