@@ -15,7 +15,7 @@ Where a check goes is decided by what it reads (its stage), one folder each:
 
 Inside a folder, one module per subject; `registry` holds `@check` and `_doc`, `context` the `Ctx` a check
 reads, `runner` the stages and `run_checks`, `constants` what checks share with docs and tests. A check module
-imports those leaf modules, never this package; this package imports every module of `spec/` and `files/`, so a
+imports those leaf modules, never this package; this package imports every module of the three folders, so a
 new module needs no line anywhere. `docs/check-codes.md` lists every code; a test keeps the two in sync.
 
 Checks run in stages. Spec checks see only the validated Spec (so they still run, and report everything at
@@ -30,6 +30,7 @@ import importlib
 import pkgutil
 
 from launchgen.checks import files as _files
+from launchgen.checks import live as _live
 from launchgen.checks import spec as _spec
 from launchgen.checks.constants import (
     GENERATED_SERVER_FLAGS,
@@ -44,11 +45,11 @@ from launchgen.checks.context import Ctx, _set
 from launchgen.checks.registry import CHECKS, CODES, Check, CodeDoc, Stage, _doc, check
 from launchgen.checks.runner import apply_strict, codes_markdown, has_errors, run_checks, sort_issues
 
-#: The check modules, by stage folder; importing one registers its checks (the order is the run order, which
-#: the issues do not depend on: tests/test_layout.py shuffles it).
+#: The check modules, by stage folder; importing one registers its checks and documents its codes (the order is
+#: the run order, which the issues do not depend on: tests/test_layout.py shuffles it).
 CHECK_MODULES: tuple[str, ...] = tuple(
     importlib.import_module(f"{pkg.__name__}.{m.name}").__name__
-    for pkg in (_spec, _files) for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
+    for pkg in (_spec, _files, _live) for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)
 )
 
 __all__ = [
