@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from launchgen import compat, ports
 from launchgen.checks.context import Ctx
 from launchgen.checks.live.setup import probe_setup
+from launchgen.checks.spec.containers import ProbeUnavailable, probe_runtimes
 from launchgen.checks.spec.kernels import (
     FLASH_ATTN2_REPO,
     attn_setting,
@@ -335,6 +336,18 @@ def probe_offline(ctx: Ctx) -> Iterator[Issue]:
             yield ctx.issue("LG719", path, f"{why}, but the Hub kernel {attn} is not in the local cache")
 
 
+def probe_containers(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
+    """The container runtimes the spec uses (launchgen.checks.spec.containers owns the probe)."""
+    def run(argv: list[str], timeout: float) -> tuple[int, str]:
+        try:
+            res = runner(argv, timeout)
+        except ProbeSkipped as exc:
+            raise ProbeUnavailable(str(exc)) from None
+        return res.returncode, res.stdout + res.stderr
+
+    yield from probe_runtimes(ctx, run, shutil.which)
+
+
 # --- entry point ------------------------------------------------------------------------------------------
 
 
@@ -350,5 +363,6 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_ports(ctx, is_free))
     issues.extend(probe_offline(ctx))
     issues.extend(probe_setup(ctx))
+    issues.extend(probe_containers(ctx, runner))
     return [i.located(i.file or loaded.path, i.line if i.line is not None else loaded.line_of(i.path) if i.path
                       else None) for i in issues]
