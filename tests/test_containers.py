@@ -293,7 +293,7 @@ def test_live_probe_says_what_it_probed() -> None:
 
 def test_live_probe_through_check_live_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`check --live` with charliecloud probes the real PATH (ch-run is installed here, apptainer is not)."""
-    from launchgen.live import live_checks
+    from launchgen.checks.live.probes import live_checks
 
     ch_run()
     spec = _base(container={"runtime": "charliecloud", "image": "/img"},
