@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import Any
 
 import yaml
 
@@ -106,8 +107,17 @@ __all__ = [
 ]
 
 
+def spec_dump(spec: Spec) -> dict[str, Any]:
+    """The resolved spec as JSON data. The `estimate` section only feeds `plan`'s estimate, never the job, so
+    it is left out unless written (a spec without it resolves, and hashes, as before the section existed)."""
+    data = spec.model_dump(mode="json")
+    if "estimate" not in spec.model_fields_set:
+        data.pop("estimate", None)
+    return data
+
+
 def spec_canonical_json(spec: Spec) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return json.dumps(spec_dump(spec), sort_keys=True, separators=(",", ":"))
 
 
 def spec_hash(spec: Spec) -> str:
@@ -281,7 +291,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
                       s.cpus_per_task)
     h = spec_hash(spec)
     spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+                 + yaml.safe_dump(spec_dump(spec), sort_keys=False))
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from launchgen import specfiles
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.trainer_args import data_section, reward_specs
@@ -106,6 +107,8 @@ def data_readable(ctx: Ctx) -> Iterator[Issue]:
                         f"did you mean {near}?" if near else None)
         return
     try:
+        if not p.is_dir():
+            specfiles.check_regular(p)  # a FIFO or a device would block or never end
         peek = peek_local(p, data.split)
     except PeekUnavailable as e:
         yield ctx.issue("LG334", "train.args.data.path", f"columns not checked: {e}")
