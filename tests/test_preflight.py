@@ -312,9 +312,11 @@ def test_every_file_check_code_is_tested_here() -> None:
     from launchgen import checks
 
     # the peft file checks are tested with the rest of peft's in test_preflight_peft.py, train.distributed's and
-    # eval_data's (LG633, LG634, LG637, LG361) in test_distributed.py
+    # eval_data's (LG633, LG634, LG637, LG361) in test_distributed.py, the containers' (LG250, LG251, LG258) in
+    # test_containers.py
     source = "".join((Path(__file__).parent / name).read_text()
-                     for name in ("test_preflight.py", "test_preflight_peft.py", "test_distributed.py"))
+                     for name in ("test_preflight.py", "test_preflight_peft.py", "test_distributed.py",
+                                  "test_containers.py"))
     codes = {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes} | {"LG730"}
     assert {c for c in codes if f'"{c}"' not in source} == set()
 
