@@ -24,6 +24,7 @@ from launchgen import compat, ports
 from launchgen.checks.context import Ctx
 from launchgen.checks.live.setup import probe_setup
 from launchgen.checks.spec.containers import ProbeUnavailable, probe_runtimes
+from launchgen.checks.spec.fit import probe_gpu_memory
 from launchgen.checks.spec.kernels import (
     FLASH_ATTN2_REPO,
     attn_setting,
@@ -360,6 +361,7 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_sinfo(ctx, runner))
     issues.extend(probe_versions(ctx, installed_versions() if versions is None else versions))
     issues.extend(probe_gpus(ctx, runner))
+    issues.extend(probe_gpu_memory(ctx, runner))
     issues.extend(probe_ports(ctx, is_free))
     issues.extend(probe_offline(ctx))
     issues.extend(probe_setup(ctx))
