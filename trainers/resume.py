@@ -37,6 +37,7 @@ MAY_CHANGE: tuple[str, ...] = (
     "run_name",
     "resume",
     "max_tokens_per_forward",  # memory only: each micro-batch's gradient is the same
+    "generation.keep_kv_cache",  # memory only (its default changed from true to lend)
     "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational
 )
 #: Key of the recorded config in a checkpoint's trainer_state.json.
