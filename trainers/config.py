@@ -348,6 +348,13 @@ class TrainerConfig(AlgorithmOptions):
         "length; at least one row, online_dpo one pair). The gradient is the micro-batch's (same loss normalisation), "
         "only activation memory shrinks. null: the whole micro-batch in one pass, as TRL.",
     )
+    memory_budget_gib: float | None = Field(
+        default=None, gt=0,
+        description="Peak device memory (GiB, allocated) one training process should fit: the trainer measures its "
+        "weights, gradients and optimizer state, estimates a pass's activations and sets max_tokens_per_forward "
+        "(and, when tight, model.logits_chunk_mib) to fit, printing the choice at start. Memory-only: the gradient is "
+        "the same. null: the knobs as set.",
+    )
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run (unless num_train_epochs is set).")
     num_train_epochs: float | None = Field(
