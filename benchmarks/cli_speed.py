@@ -1,12 +1,14 @@
-"""Start-up cost of the CLI: `launchgen check` and `render` of a 64-node spec against `python -c pass`.
+"""Start-up cost of the CLI on a login node: every verb against `python -c pass`, in one run.
 
-    python benchmarks/cli_speed.py examples/SPEC.yaml [--runs 7] [--nodes 64]
+    python benchmarks/cli_speed.py examples/SPEC.yaml [--runs 7] [--nodes 64] [--job-dir DIR]
 
 The spec is copied with its node counts edited so the job spans `--nodes` nodes: `train.nodes` becomes
 `nodes - vllm.nodes` (the dedicated server nodes stay as they are); a spec without a `train` section has every
-`nodes` field it holds set to `--nodes`. Each command runs `--runs` times in fresh processes, interleaved
-(baseline, check, render, baseline, ...) so drift hits all three; the table gives the medians and the ratios
-to the baseline (target <= 15x).
+`nodes` field it holds set to `--nodes`. The verbs that read a job directory (`status`, `logs`, `report`) run on
+`--job-dir` (default: `launchgen-runs/local`, what `bash examples/quickstart.sh` leaves) and are left out, saying
+so, when there is none. Each command runs `--runs` times in fresh processes, interleaved (baseline, then every
+verb, then the baseline again, ...) so drift hits all of them; the table gives the medians and the ratios to the
+baseline (target: <= 15x for every verb, `--help` near 5x).
 """
 
 from __future__ import annotations
@@ -61,11 +63,17 @@ def scale_spec(src: Path, dst: Path, nodes: int) -> int:
     return written
 
 
+def _has_verb(lg: list[str], verb: str) -> bool:
+    r = subprocess.run([*lg, verb, "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return r.returncode == 0
+
+
 def time_cmd(argv: list[str]) -> float:
     t = time.perf_counter()
     r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     dt = time.perf_counter() - t
-    if r.returncode != 0:
+    # `status` of a local run that did not complete exits 3 (EXIT_STATUS_JOB_FAILED); it still did its work
+    if r.returncode not in (0, 3):
         raise SystemExit(f"`{shlex.join(argv)}` exited {r.returncode}: {r.stderr.strip()[-400:]}")
     return dt
 
@@ -81,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="how to start the CLI (default: the console script installed beside this python)")
     p.add_argument("--render-args", default="--force -o {out}",
                    help="arguments after `render SPEC`; {out} is a script path in a temporary directory")
+    p.add_argument("--job-dir", type=Path, default=Path("launchgen-runs/local"),
+                   help="a job directory for status, logs and report (default: the quickstart's)")
     a = p.parse_args(argv)
     if a.runs < 5:
         p.error("--runs must be >= 5")
@@ -92,9 +102,22 @@ def main(argv: list[str] | None = None) -> int:
         lg = shlex.split(a.launchgen)
         cmds = {
             "python -c pass": [sys.executable, "-c", "pass"],
+            "launchgen --help": [*lg, "--help"],
+            "launchgen init": [*lg, "init", "-"],
             "launchgen check": [*lg, "check", str(spec)],
+            "launchgen plan": [*lg, "plan", str(spec)],
             "launchgen render": [*lg, "render", str(spec), *shlex.split(a.render_args.format(out=out_dir))],
+            "launchgen schema": [*lg, "schema"],
         }
+        job = str(a.job_dir)
+        if (a.job_dir / "logs").is_dir():
+            cmds["launchgen status"] = [*lg, "status", "local", "--job-dir", job]
+            cmds["launchgen logs"] = [*lg, "logs", "local", "--job-dir", job, "--role", "trainer"]
+            if _has_verb(lg, "report"):
+                cmds["launchgen report"] = [*lg, "report", job, "-o", str(Path(tmp) / "report.html")]
+        else:
+            print(f"no job directory at {job}: status, logs and report are not timed (run "
+                  "`bash examples/quickstart.sh` first, or pass --job-dir)")
         for argv_ in cmds.values():  # warm the page cache and surface errors before timing
             time_cmd(argv_)
         times: dict[str, list[float]] = {k: [] for k in cmds}

@@ -52,6 +52,10 @@ def closest(word: str, choices: list[str]) -> str | None:
     for c in choices:
         if c.lower() == word.lower():
             return c
+    # a short form of one choice (`zero3` for `deepspeed_zero3`), too short for difflib's ratio to find
+    within = [c for c in choices if len(word) >= 3 and word.lower() in c.lower()]
+    if len(within) == 1:
+        return within[0]
     found = difflib.get_close_matches(word.lower(), [c.lower() for c in choices], n=1, cutoff=0.75)
     return next((c for c in choices if found and c.lower() == found[0]), None)
 
@@ -79,6 +83,23 @@ def choice_fix(error: dict[str, Any]) -> str | None:
         return None
     guess = closest(value, _QUOTED.findall(expected))
     return f"Did you mean `{guess}`?" if guess is not None else None
+
+
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-|\.\.)\s*(\d+)\s*")
+
+
+def list_fix(error: dict[str, Any]) -> str | None:
+    """For a scalar where a list is wanted (`gpus: 0-3`, `gpus: 0,1`, `gpus: 2`): the list it stands for."""
+    value = error.get("input")
+    items: list[str] = []
+    if isinstance(value, int) and not isinstance(value, bool):
+        items = [str(value)]
+    elif isinstance(value, str) and (m := _RANGE.fullmatch(value)) and int(m[1]) <= int(m[2]) <= int(m[1]) + 1024:
+        items = [str(i) for i in range(int(m[1]), int(m[2]) + 1)]
+    elif isinstance(value, str) and re.fullmatch(r"\s*\w+(\s*,\s*\w+)*\s*,?\s*", value):
+        items = [w.strip() for w in value.split(",") if w.strip()]
+    example = f"[{', '.join(items)}]" if items else "[0, 1, 2, 3]"
+    return f"Write a YAML list, one item per entry: `{example}` (a range like `0-3` is not expanded)."
 
 
 def _kind(value: Any) -> str:

@@ -96,6 +96,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG104", {"vllm": {"gpus": DELETE}}, "vllm.gpus", "vllm:", 1, "error"),
     ("LG105", {"vllm": {"gpus": list(range(8)), "tensor_parallel_size": 8}}, "vllm.gpus", "gpus:", 1, "error"),
     ("LG106", {"train": {"gpus": [4, 5]}}, "train.gpus", "gpus:", 2, "info"),
+    ("LG107", {"vllm": {"nodes": 1}}, "vllm.gpus", "gpus:", 1, "warning"),
     ("LG903", {"vllm": {"nodes": 1, "gpus": []}}, "vllm.gpus", "gpus:", 1, "error"),
     ("LG908", {"vllm": DELETE, "train": {"device": "cpu", "gpus": [0]}}, "train.gpus", "gpus:", 1, "error"),
     ("LG201", {"vllm": {"tensor_parallel_size": 2}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1,

@@ -95,9 +95,38 @@ def test_a_trainer_argument_one_level_off_says_where_it_goes() -> None:
     assert (hit.path, hit.fix) == ("train.learning_rate", "`learning_rate` goes in `train.args.learning_rate`.")
 
 
-def test_trl_vllm_memory_key_in_server_mode_keeps_its_own_code() -> None:
-    hit = only(GOOD + "    vllm_gpu_memory_utilization: 0.5\n", "LG502")
-    assert "vllm.gpu_memory_utilization" in hit.fix
+@pytest.mark.parametrize("vllm", ["{gpus: [0, 1, 2, 3], tensor_parallel_size: 4}",
+                                  "{mode: colocate, tensor_parallel_size: 1}"])
+def test_trl_vllm_memory_key_gets_one_message_in_either_mode(vllm: str) -> None:
+    """It is TRL's name for vllm.gpu_memory_utilization: one message saying so, not also LG502's "only applies
+    to colocate mode" (which is about the trainer's own colocate field and disagreed with it; issue 28)."""
+    text = GOOD.replace("{gpus: [0, 1, 2, 3], tensor_parallel_size: 4}", vllm) + \
+        "    vllm_gpu_memory_utilization: 0.5\n"
+    about = [i for i in issues(text) if "vllm_gpu_memory_utilization" in i.path]
+    assert [(i.code, i.path) for i in about] == [("LG901", "train.args.vllm_gpu_memory_utilization")], about
+    assert "`vllm.gpu_memory_utilization`" in about[0].fix
+
+
+def test_colocate_memory_field_in_server_mode_is_lg502() -> None:
+    hit = only(GOOD + "    generation: {vllm_colocate: {gpu_memory_utilization: 0.5}}\n", "LG502")
+    assert hit.path == "train.args.generation.vllm_colocate.gpu_memory_utilization"
+
+
+@pytest.mark.parametrize(("replace", "path", "fix"), [
+    (("trainer: grpo", "trainer: grpo\n  backend: zero3"), "train.backend", "Did you mean `deepspeed_zero3`?"),
+    (("gpus: [0, 1, 2, 3]", "gpus: 0-3"), "vllm.gpus", "`[0, 1, 2, 3]`"),
+    (("gpus: [0, 1, 2, 3]", "gpus: '0,1,2,3'"), "vllm.gpus", "`[0, 1, 2, 3]`"),
+    (("gpus: [0, 1, 2, 3]", "gpus: 2"), "vllm.gpus", "`[2]`"),
+])
+def test_values_a_newcomer_writes_get_the_value_meant(replace: tuple[str, str], path: str, fix: str) -> None:
+    hit = only(GOOD.replace(*replace), "LG004")
+    assert hit.path == path and fix in hit.fix, hit
+
+
+def test_accelerate_process_count_says_where_the_world_size_comes_from() -> None:
+    hit = only(GOOD.replace("trainer: grpo", "trainer: grpo\n  num_processes: 8"), "LG002")
+    assert hit.path == "train.num_processes"
+    assert hit.fix.startswith("accelerate's `num_processes`") and "train.nodes x" in hit.fix, hit.fix
 
 
 def test_trl_table_points_only_at_paths_that_exist() -> None:

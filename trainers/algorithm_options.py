@@ -45,6 +45,21 @@ class AlgorithmOptions(BaseModel):
         description="GRPO: subtract entropy_coef x the mean token entropy (of the tokens the loss acts on) from the "
         "loss; 0 disables the bonus.",
     )
+    use_adaptive_entropy: bool = Field(
+        default=False,
+        description="GRPO: Skywork-OR1's entropy controller: entropy_coef is the starting coefficient, moved by "
+        "entropy_coef_delta after each optimizer step (up while the step's entropy is at or below entropy_target, "
+        "down otherwise) and applied only while the previous step's entropy is at or below entropy_target.",
+    )
+    entropy_coef_min: float = Field(default=0.0, description="GRPO, use_adaptive_entropy: lower bound of the coefficient.")
+    entropy_coef_max: float = Field(default=1.0, description="GRPO, use_adaptive_entropy: upper bound of the coefficient.")
+    entropy_coef_delta: float = Field(
+        default=0.005, description="GRPO, use_adaptive_entropy: how far the coefficient moves per optimizer step."
+    )
+    entropy_target: float = Field(
+        default=0.2,
+        description="GRPO, use_adaptive_entropy: target mean token entropy (nats) over the tokens the loss acts on.",
+    )
     off_policy_mask_threshold: float | None = Field(
         default=None,
         description="GRPO: drop negative-advantage completions whose mean KL(sampler || policy) exceeds this "

@@ -184,6 +184,7 @@ class Trainer:
         self.global_step = int(state["global_step"])
         self.micro_step = int(state["micro_step"])
         self.source.load_state_dict(state)
+        self.objective.load_state_dict(state)
         dev = self.accelerator.device
         self.buffer = (
             [{k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in mb.items()} for mb in buffer]
@@ -197,6 +198,7 @@ class Trainer:
             "global_step": self.global_step,
             "micro_step": self.micro_step,
             **self.source.state_dict(),
+            **self.objective.state_dict(),
             "trainer": self.cfg.trainer,
             "max_steps": self.cfg.max_steps,  # resolved (num_train_epochs): resume.decide's "already complete"
             resume.STATE_KEY: resume.fingerprint(self.cfg),
@@ -339,6 +341,7 @@ class Trainer:
         t_train += time.perf_counter() - ts
         self.global_step += 1
         self.signals.training()  # progress since the last checkpoint: TERM now checkpoints first
+        step_metrics.update(self.objective.end_step())
         if self.source.needs_weight_sync:
             step_metrics["time/sync_weights"] = self._sync_weights()
         step_metrics.update(reduce_step(stats, acc, self._gather, self.objective.always_extremes))

@@ -18,25 +18,38 @@ import click
 
 from launchgen import __version__
 
-#: Verbs in help order. A verb is listed only when its module exists.
-VERBS = ("init", "check", "plan", "render", "schema", "status", "logs")
+#: Verbs in help order, with the line `launchgen --help` shows for each. A verb is listed only when its module
+#: exists. The lines live here, not in the verb modules, so that `--help` imports none of them (importing
+#: `check` alone costs ~150 ms of pydantic models on a login node).
+SUMMARIES = {
+    "init": "Write a commented starter spec (four layouts).",
+    "check": "Check specs: every problem knowable before the queue wait.",
+    "plan": "Print the node x GPU map, ports, addresses, env and commands.",
+    "render": "Render the sbatch (or --bash) job script.",
+    "schema": "Print the spec schema (JSON Schema or Markdown).",
+    "status": "Which role ended first and how, health, the log to read.",
+    "logs": "Print or follow a role's log of a job.",
+}
+VERBS = tuple(SUMMARIES)
 
 HELP = """\
-launchgen: one YAML topology spec -> a validated plan -> an sbatch (or bash) script that runs a vLLM server
-and accelerate trainers together, and leaves nothing behind.
+launchgen: one YAML topology spec -> a validated plan -> an sbatch (or bash)
+script that runs a vLLM server and accelerate trainers together, and leaves
+nothing behind.
 
 \b
 Examples:
-  launchgen init topology.yaml --layout single-node-split   # a commented starter spec
-  launchgen check topology.yaml                              # every problem knowable before the queue
-  launchgen check topology.yaml --live                       # ... and against this cluster (sinfo, GPUs, versions)
-  launchgen plan topology.yaml                               # node x GPU map and port plan
-  launchgen render topology.yaml > job.sbatch && sbatch job.sbatch
-  launchgen render topology.yaml --bash -o job.sh            # one machine, no SLURM
-  launchgen schema --format markdown                         # the spec reference
+  launchgen init topology.yaml     # a commented starter spec
+  launchgen check topology.yaml    # every problem knowable before the queue
+  launchgen check topology.yaml --live   # ... and against this cluster
+  launchgen plan topology.yaml     # node x GPU map and port plan
+  launchgen render topology.yaml -o job.sbatch && sbatch job.sbatch
+  launchgen render topology.yaml --bash -o job.sh   # one machine, no SLURM
+  launchgen status 12345           # who ended first and how, and its log
+  launchgen schema --format markdown               # the spec reference
 
-Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with --strict) or bad usage,
-1 an internal error. Set LAUNCHGEN_DEBUG=1 to see tracebacks.
+Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with
+--strict) or bad usage, 1 an internal error. LAUNCHGEN_DEBUG=1 shows tracebacks.
 """
 
 
@@ -56,6 +69,13 @@ class LaunchgenGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [v for v in VERBS if _verb_exists(v)] + sorted(self.commands)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(v, SUMMARIES[v]) for v in VERBS if _verb_exists(v)]
+        rows += [(name, cmd.get_short_help_str(formatter.width)) for name, cmd in sorted(self.commands.items())]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.commands:
@@ -99,7 +119,7 @@ class LaunchgenGroup(click.Group):
 
 
 @click.group(cls=LaunchgenGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"],
-                                                              "max_content_width": 120})
+                                                              "max_content_width": 80})
 @click.version_option(__version__, "--version", prog_name="launchgen", message="%(prog)s %(version)s")
 def main() -> None:
     pass

@@ -28,11 +28,12 @@ With several specs and --format json, stdout is one object {"ok": ..., "specs": 
 \b
 Examples:
   launchgen check topology.yaml
-  launchgen check a.yaml b.yaml                     # several at once
-  launchgen init - | launchgen check -              # from stdin
-  launchgen check topology.yaml --strict            # warnings fail too (CI)
-  launchgen check topology.yaml --live              # also ask sinfo, nvidia-smi, the installed packages
-  launchgen check topology.yaml --explain           # print the plan (node x GPU map, ports) when it is valid
+  launchgen check a.yaml b.yaml               # several at once
+  launchgen init - | launchgen check -        # from stdin
+  launchgen check topology.yaml --strict      # warnings fail too (CI)
+  launchgen check topology.yaml --live        # and sinfo, nvidia-smi, pip
+  launchgen check topology.yaml --no-files    # the spec alone, no data
+  launchgen check topology.yaml --explain     # and print the plan when valid
   launchgen check topology.yaml --format json | jq '.issues[].code'
 """
 
@@ -43,14 +44,18 @@ Examples:
 @click.option("--live", is_flag=True,
               help="Also probe this host and cluster: sinfo GPUs per node, installed versions, bf16 support, "
               "free ports, offline caches. Probes that cannot run are reported as skipped.")
+@click.option("--no-files", is_flag=True,
+              help="A spec-only pass: skip the checks that read the files the spec names (data rows, reward "
+              "modules, a local model), e.g. where the data is not (plan and render never read them).")
 @strict_option
 @click.option("--explain", is_flag=True, help="Print the resolved plan (per-node GPU map and port plan).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object on stdout with every issue and a summary.")
-def command(specs: tuple[str, ...], live: bool, strict: bool, explain: bool, fmt: str) -> None:
+def command(specs: tuple[str, ...], live: bool, no_files: bool, strict: bool, explain: bool, fmt: str) -> None:
     if specs.count("-") > 1:
         raise click.UsageError("stdin (`-`) can be read only once")
-    results = [_check_one(spec, live=live, strict=strict, explain=explain, fmt=fmt) for spec in specs]
+    results = [_check_one(spec, live=live, files=not no_files, strict=strict, explain=explain, fmt=fmt)
+               for spec in specs]
     failed = not all(r["ok"] for r in results)
     if fmt == "json":
         emit_json(results[0] if len(results) == 1 else {"ok": not failed, "specs": results})
@@ -58,8 +63,8 @@ def command(specs: tuple[str, ...], live: bool, strict: bool, explain: bool, fmt
         raise click.exceptions.Exit(EXIT_SPEC_ERROR)
 
 
-def _check_one(spec: str, *, live: bool, strict: bool, explain: bool, fmt: str) -> dict[str, Any]:
-    _loaded, plan, issues = collect(spec, strict=strict, live=live)
+def _check_one(spec: str, *, live: bool, files: bool, strict: bool, explain: bool, fmt: str) -> dict[str, Any]:
+    _loaded, plan, issues = collect(spec, strict=strict, live=live, files=files)
     failed = has_errors(issues) or plan is None
     if fmt == "text":
         print_issues(issues)

@@ -1,7 +1,7 @@
 """Helpers every verb shares: load + check a spec, print issues, decide the exit status.
 
-Issues go to stderr, one line each (`file:line: severity CODE [path] message Fix: ...`), so `render > job.sbatch`
-keeps stdout clean. Any error (or, with --strict, any warning) ends the command with exit status 2.
+Issues go to stderr, one line each (`file:line: severity CODE [path] message Fix: ...`), so `render | less` shows
+the script alone. Any error (or, with --strict, any warning) ends the command with exit status 2.
 """
 
 from __future__ import annotations
@@ -61,14 +61,15 @@ def load_and_check(path: str, *, strict: bool = False, infos: bool = False) -> t
     return loaded, plan
 
 
-def collect(path: str, *, strict: bool = False, live: bool = False) -> tuple[LoadedSpec | None, Plan | None,
-                                                                           list[Issue]]:
-    """For `check`: every issue, including load errors, without exiting."""
+def collect(path: str, *, strict: bool = False, live: bool = False, files: bool = True
+            ) -> tuple[LoadedSpec | None, Plan | None, list[Issue]]:
+    """For `check`: every issue, including load errors, without exiting; `files=False` skips the checks that
+    read what the spec names (`check --no-files`)."""
     try:
         loaded = load(path)
     except SpecError as exc:
         return None, None, list(exc.issues)
-    plan, issues = run_checks(loaded, strict=strict, files=True)
+    plan, issues = run_checks(loaded, strict=strict, files=files)
     if live:
         from launchgen.live import live_checks
 

@@ -14,7 +14,7 @@ import click
 _HEADER = """\
 # launchgen topology spec ({layout}). Reference: `launchgen schema --format markdown`.
 # Check it:   launchgen check {path}
-# Render it:  launchgen render {path} > job.sbatch && sbatch job.sbatch
+# Render it:  launchgen render {path} -o job.sbatch && sbatch job.sbatch
 version: 1
 
 job:
@@ -39,7 +39,7 @@ slurm:
 _TRAIN_ARGS = """\
   args:                             # launchgen.trainers.config.TrainerConfig fields
     data:
-      path: prompts.jsonl           # .jsonl/.json/.parquet with a `prompt` column, or a Hub data set
+      path: prompts.jsonl           # .jsonl/.json/.parquet: `prompt` + `answer` (for accuracy)
       max_prompt_length: 512
     generation:
       max_completion_length: 1024
@@ -140,12 +140,20 @@ train:
 """,
 }
 
+#: the data file each starter names (relative: resolved from where `check` and the job run) and what it holds
+_DATA: dict[str, tuple[str, str]] = {
+    "single-node-split": ("prompts.jsonl", "JSONL rows with `prompt` and `answer`"),
+    "multi-node": ("prompts.jsonl", "JSONL rows with `prompt` and `answer`"),
+    "colocate": ("prompts.jsonl", "JSONL rows with `prompt` and `answer`"),
+    "sft": ("sft.jsonl", "JSONL rows with chat `messages`, or `prompt` and `completion`"),
+}
+
 HELP = """\
 Write a commented starter spec to PATH (default: topology.yaml; `-` for stdout).
 
 \b
 Layouts:
-  single-node-split  one 8-GPU node: server on GPUs 0-3 (TP 4), trainers on 4-7
+  single-node-split  one 8-GPU node: server on GPUs 0-3 (TP 4), trainers 4-7
   multi-node         4 trainer nodes (ZeRO-3) + 1 dedicated server node (TP 8)
   colocate           vLLM inside each trainer process, sharing its GPU
   sft                supervised fine-tuning, no vLLM
@@ -177,4 +185,10 @@ def command(path: str, layout: str, force: bool) -> None:
         click.echo(f"launchgen: error: {path} exists; pass --force to overwrite it", err=True)
         raise click.exceptions.Exit(2)
     target.write_text(text)
-    click.echo(f"wrote {path} ({layout}); next: launchgen check {path}", err=True)
+    data, rows = _DATA[layout]
+    if Path(data).exists():
+        click.echo(f"wrote {path} ({layout}); next: launchgen check {path}", err=True)
+    else:
+        # the one thing a starter cannot bring: `check` reads the data's first rows, so it refuses until it exists
+        click.echo(f"wrote {path} ({layout}); add {data} here ({rows}), then: launchgen check {path} "
+                   "(--no-files checks the spec alone now)", err=True)

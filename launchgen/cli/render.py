@@ -25,9 +25,9 @@ failed render leaves an empty job script behind.
 \b
 Examples:
   launchgen render topology.yaml -o job.sbatch && sbatch job.sbatch
-  launchgen render topology.yaml -o job.sbatch --force    # replace an existing job.sbatch
+  launchgen render topology.yaml -o job.sbatch --force  # replace job.sbatch
   launchgen render topology.yaml --bash -o job.sh && bash job.sh
-  launchgen render topology.yaml | less                   # stdout: the script only
+  launchgen render topology.yaml | less       # stdout: the script only
 """
 
 

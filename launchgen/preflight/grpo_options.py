@@ -24,7 +24,8 @@ _doc("LG612", "error", "Liger's fused GRPO loss (model.liger_grpo_loss) with los
      "head computes every loss type) or use grpo, dapo, dr_grpo or bnpo.")
 _doc("LG613", "error", "Liger's fused GRPO loss with two-sided clipping (delta).",
      "Set train.args.model.liger_grpo_loss: false or remove train.args.delta.")
-_doc("LG614", "error", "top_entropy_quantile < 1 or entropy_coef != 0 with max_tokens_per_forward: both are "
+_doc("LG614", "error", "top_entropy_quantile < 1, entropy_coef != 0 or use_adaptive_entropy with "
+     "max_tokens_per_forward: they are "
      "computed over the whole micro-batch, which the passes split.",
      "Remove train.args.max_tokens_per_forward (or the entropy option).")
 _doc("LG615", "error", "loss_type vespo with a sequence-level importance-sampling mode on a vLLM backend: VESPO "
@@ -75,6 +76,10 @@ def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
     if coef:
         yield ctx.issue("LG614", f"{_A}.entropy_coef",
                         f"entropy_coef {coef}: the entropy bonus is a mean over the whole micro-batch, which "
+                        "max_tokens_per_forward splits into passes")
+    if _opt(ctx, "use_adaptive_entropy") is True:
+        yield ctx.issue("LG614", f"{_A}.use_adaptive_entropy",
+                        "use_adaptive_entropy: the entropy bonus is a mean over the whole micro-batch, which "
                         "max_tokens_per_forward splits into passes")
 
 

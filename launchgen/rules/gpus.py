@@ -94,6 +94,38 @@ def idle_gpus(ctx: Ctx) -> Iterator[Issue]:
             yield ctx.issue("LG106", path, f"GPU(s) {', '.join(map(str, idle))} of {where} are used by no role")
 
 
+_doc("LG107", "warning", "A dedicated server node leaves some of its GPUs idle (the job holds the whole node).",
+     "List every GPU of the node in vllm.gpus and raise tensor_parallel_size or data_parallel_size (or add "
+     "vllm.replicas) to use them, or share the first trainer node (vllm.nodes: 0).")
+
+
+@check("LG107")
+def idle_server_node_gpus(ctx: Ctx) -> Iterator[Issue]:
+    """`vllm.nodes: 1` with `vllm.gpus: [0, 1, 2, 3]` on 8-GPU nodes: the server node is allocated whole (and
+    `--exclusive`), so GPUs 4-7 wait for nothing the whole job. LG106 says it for trainer nodes."""
+    if not ctx.server_mode or ctx.shared_node or ctx.cpu or not ctx.server_gpus or ctx.layout.server_cpu:
+        return
+    n = ctx.spec.slurm.gpus_per_node
+    idle = [g for g in range(n) if g not in set(ctx.server_gpus)]
+    if idle:
+        nodes = ctx.server_nodes
+        where = "the server node" if nodes == 1 else f"each of the {nodes} server nodes"
+        yield ctx.issue("LG107", "vllm.gpus",
+                        f"GPU(s) {_ranges(idle)} of {where} are used by no role (vllm.gpus uses "
+                        f"{len(set(ctx.server_gpus))} of its {n}; the job holds the whole node)")
+
+
+def _ranges(gpus: list[int]) -> str:
+    """4, 5, 6, 7 -> `4-7`; 1, 3 -> `1, 3`."""
+    runs: list[list[int]] = []
+    for g in gpus:
+        if runs and g == runs[-1][-1] + 1:
+            runs[-1].append(g)
+        else:
+            runs.append([g])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 _doc("LG903", "error", "Server mode with an empty vllm.gpus: the server has no GPUs.",
      "List the server's GPUs in `vllm.gpus`.")
 _doc("LG908", "error", "train.device: cpu with vLLM colocate (in-process vLLM needs GPUs) or with GPU indices.",

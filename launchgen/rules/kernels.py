@@ -29,7 +29,8 @@ _doc("LG607", "error", "Liger GRPO loss with entropy masking (top_entropy_quanti
      "Set top_entropy_quantile to 1.0 or model.liger_grpo_loss: false.")
 _doc("LG608", "error", "Liger GRPO loss with a non-token importance_sampling_level.",
      "Set importance_sampling_level: token or model.liger_grpo_loss: false.")
-_doc("LG609", "error", "Liger GRPO loss with an entropy bonus.", "Set entropy_coef to 0 or model.liger_grpo_loss: false.")
+_doc("LG609", "error", "Liger GRPO loss with an entropy bonus (entropy_coef or use_adaptive_entropy).",
+     "Set entropy_coef to 0 and use_adaptive_entropy to false, or model.liger_grpo_loss: false.")
 _doc("LG610", "error", "Liger GRPO loss with off-policy sequence masking.",
      "Remove off_policy_mask_threshold or set model.liger_grpo_loss: false.")
 
@@ -175,6 +176,9 @@ def liger_combinations(ctx: Ctx) -> Iterator[Issue]:
     if coef:
         yield ctx.issue("LG609", "train.args.entropy_coef",
                         f"entropy_coef {coef} adds an entropy bonus, which Liger's fused GRPO loss does not compute")
+    if ctx.arg("use_adaptive_entropy") is True:
+        yield ctx.issue("LG609", "train.args.use_adaptive_entropy",
+                        "use_adaptive_entropy adds an entropy bonus, which Liger's fused GRPO loss does not compute")
     if ctx.arg("off_policy_mask_threshold") is not None:
         yield ctx.issue("LG610", "train.args.off_policy_mask_threshold",
                         "off-policy sequence masking is not supported by Liger's fused GRPO loss")

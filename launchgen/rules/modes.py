@@ -45,11 +45,13 @@ def colocate_has_no_server(ctx: Ctx) -> Iterator[Issue]:
 def trainer_gpu_memory_only_colocate(ctx: Ctx) -> Iterator[Issue]:
     if ctx.colocate:
         return
-    for path in ("generation.vllm_colocate.gpu_memory_utilization", "vllm_gpu_memory_utilization"):
-        if ctx.has_arg(path):
-            mode = "server" if ctx.server_mode else "not configured"
-            yield ctx.issue("LG502", f"train.args.{path}",
-                            f"train.args.{path} only applies to colocate mode, but vLLM is {mode}")
+    # TRL's flat `vllm_gpu_memory_utilization` is not a trainer field: LG901 reports it once, pointing to
+    # vllm.gpu_memory_utilization, so it is not also told here that it "only applies to colocate"
+    path = "generation.vllm_colocate.gpu_memory_utilization"
+    if ctx.has_arg(path):
+        mode = "server" if ctx.server_mode else "not configured"
+        yield ctx.issue("LG502", f"train.args.{path}",
+                        f"train.args.{path} only applies to colocate mode, but vLLM is {mode}")
 
 
 @check("LG503")

@@ -165,7 +165,7 @@ train:
       max_completion_length: 16
 LAUNCHGEN_EOF_6FFCE415C81B3B83
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_910A5DA3F3301A73'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D9826B47F5D72597'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -257,6 +257,11 @@ importance_sampling_level: token
 delta: null
 top_entropy_quantile: 1.0
 entropy_coef: 0.0
+use_adaptive_entropy: false
+entropy_coef_min: 0.0
+entropy_coef_max: 1.0
+entropy_coef_delta: 0.005
+entropy_target: 0.2
 off_policy_mask_threshold: null
 sapo_temperature_pos: 1.0
 sapo_temperature_neg: 1.05
@@ -293,7 +298,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_910A5DA3F3301A73
+LAUNCHGEN_EOF_D9826B47F5D72597
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,47 @@ def test_rloo_run_logs_clip_extremes(tmp_path: Path, tiny_model_dir: Path, monke
     for m in read_metrics(tmp_path / "rloo"):
         assert m["clip_ratio/low_min"] in (0.0, 1.0) and m["clip_ratio/high_max"] in (0.0, 1.0)
         assert "num_tokens" in m
+
+
+def test_off_policy_mask_on_the_plain_backend_compares_with_the_old_policy_as_trl(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's transformers path has no sampler log-probs: its off-policy mask compares the policy with the old policy
+    (itself, within one optimizer step), so nothing is dropped. The plain backend's own log-probs come after top-k
+    renormalisation (far above the policy's at top_k 3); comparing with them would drop every negative-advantage row."""
+    monkeypatch.syspath_prepend(str(HERE))
+    common: dict[str, Any] = dict(max_steps=2, per_device_train_batch_size=8, num_generations=4, logging_steps=1,
+                                  generation={"backend": "hf", "max_completion_length": 6, "top_k": 3})
+    runs = {}
+    for name, extra in (("plain", {}), ("masked", {"off_policy_mask_threshold": 1e-6})):
+        cfg = toy_cfg(tmp_path, tiny_model_dir, name, "grpo", **common, **extra)
+        assert run_cfg(cfg) == 0
+        runs[name] = read_metrics(tmp_path / name)
+    # some group must have unequal rewards, so that negative advantages exist for the mask to drop: the loss of a
+    # first iteration is -mean(advantage) = 0 when all rows count, and < 0 once negative-advantage rows are dropped
+    assert any(m["frac_reward_zero_std"] < 1.0 for m in runs["plain"])
+    for plain, masked in zip(runs["plain"], runs["masked"], strict=True):
+        assert masked["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+        assert masked["reward"] == pytest.approx(plain["reward"])
+
+
+def test_adaptive_entropy_run_moves_the_coefficient_and_resumes_it(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's adaptive control in the loop: the first step applies no bonus (nothing measured yet); with a target
+    above any entropy the coefficient rises by delta each step up to its cap, and each later step subtracts the
+    previous step's coefficient x the entropy; a resumed run continues from the checkpointed coefficient."""
+    monkeypatch.syspath_prepend(str(HERE))
+    common: dict[str, Any] = dict(per_device_train_batch_size=8, num_generations=4, logging_steps=1,
+                                  use_adaptive_entropy=True, entropy_coef=0.01, entropy_coef_delta=0.02,
+                                  entropy_coef_max=0.05, entropy_target=100.0, save_steps=2,
+                                  generation={"max_completion_length": 6})
+    cfg = toy_cfg(tmp_path, tiny_model_dir, "ae", "grpo", max_steps=2, **common)
+    assert run_cfg(cfg) == 0
+    cfg = toy_cfg(tmp_path, tiny_model_dir, "ae", "grpo", max_steps=4, **common)
+    assert run_cfg(cfg) == 0  # resumes from checkpoint-2
+    ms = read_metrics(tmp_path / "ae")
+    assert [m["entropy_coef"] for m in ms] == pytest.approx([0.03, 0.05, 0.05, 0.05])
+    assert ms[0]["loss"] == pytest.approx(ms[0]["policy_loss"], abs=1e-6)  # no bonus before a measurement
+    for prev, m in itertools.pairwise(ms):
+        assert m["loss"] == pytest.approx(m["policy_loss"] - prev["entropy_coef"] * m["entropy"], abs=1e-5)

@@ -5,6 +5,7 @@ TRL parity of the same options (losses, gradients, logged metrics) is `benchmark
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def test_top_entropy_quantile_range() -> None:
 
 @pytest.mark.parametrize("over", [{"loss_type": "sapo"}, {"delta": 1.5}, {"importance_sampling_level": "sequence"},
                                   {"top_entropy_quantile": 0.5}, {"entropy_coef": 0.1},
-                                  {"off_policy_mask_threshold": 0.1}])
+                                  {"use_adaptive_entropy": True}, {"off_policy_mask_threshold": 0.1}])
 def test_liger_fused_loss_refuses_what_it_cannot_compute(over: dict[str, object]) -> None:
     cfg = _cfg(model={"name_or_path": "m", "use_liger_kernel": True, "liger_grpo_loss": True},
                per_device_train_batch_size=8, **over)
@@ -229,6 +230,36 @@ def test_liger_fused_loss_refuses_what_it_cannot_compute(over: dict[str, object]
 def test_entropy_options_refused_with_passes() -> None:
     with pytest.raises(TrainerSetupError, match="entropy_coef"):
         GRPOObjective(_cfg(entropy_coef=0.1, max_tokens_per_forward=64), 1).validate()
+    with pytest.raises(TrainerSetupError, match="use_adaptive_entropy"):
+        GRPOObjective(_cfg(use_adaptive_entropy=True, max_tokens_per_forward=64), 1).validate()
+
+
+def test_adaptive_entropy_controller_follows_trl() -> None:
+    """TRL 1.16's controller: no bonus before the first measurement; the window's token-weighted world entropy
+    moves the coefficient by delta inside [min, max]; the bonus applies while the last entropy <= target."""
+    from launchgen.trainers.algorithms.adaptive_entropy import AdaptiveEntropy
+
+    ctl = AdaptiveEntropy(coef=0.01, target=0.5, delta=0.02, coef_min=0.0, coef_max=0.04)
+    assert ctl.applied_coef() == 0.0  # last world entropy inf
+    # one step of two micro-batches, token-weighted: (0.2 + 0.8 + 4 x 0.3) / 6 tokens = 0.3667 <= 0.5 -> up (the
+    # per-micro-batch means 0.5 and 0.3 would average to 0.4)
+    ctl.add(torch.tensor([[0.2, 0.8]]), torch.tensor([[1, 1]]))
+    ctl.add(torch.tensor([[0.3, 0.3, 9.0], [0.3, 0.3, 9.0]]), torch.tensor([[1, 1, 0], [1, 1, 0]]))
+    assert ctl.end_step(lambda t: t) == pytest.approx(0.03)
+    assert ctl.last_world_entropy == pytest.approx(2.2 / 6)
+    assert ctl.applied_coef() == pytest.approx(0.03)
+    ctl.add(torch.tensor([[0.1]]), torch.tensor([[1]]))
+    assert ctl.end_step(lambda t: t) == pytest.approx(0.04)  # capped at coef_max
+    ctl.add(torch.tensor([[0.9, 0.7]]), torch.tensor([[1, 1]]))
+    assert ctl.end_step(lambda t: t) == pytest.approx(0.02)  # 0.8 > target -> down
+    assert ctl.applied_coef() == 0.0  # entropy above target: no bonus this step
+    # a step with no micro-batch measured (nothing added) leaves the controller as it was
+    assert ctl.end_step(lambda t: t) == pytest.approx(0.02)
+    # the state survives a checkpoint (JSON: inf is written as null)
+    fresh = AdaptiveEntropy(coef=0.01, target=0.5, delta=0.02, coef_min=0.0, coef_max=0.04)
+    fresh.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert (fresh.coef, fresh.last_world_entropy) == (ctl.coef, ctl.last_world_entropy)
+    assert json.loads(json.dumps(AdaptiveEntropy(0.0, 0.2, 0.005, 0.0, 1.0).state_dict()))["last_world_entropy"] is None
 
 
 def test_vespo_refuses_sequence_is_on_vllm() -> None:

@@ -121,6 +121,32 @@ class Objective(Protocol):
         """What a pass's loss is multiplied by so the passes' gradients add up to the micro-batch's."""
         ...
 
+    def end_step(self) -> dict[str, float]:
+        """Called once per optimizer step, after it: state the objective updates per step (GRPO's adaptive entropy
+        controller) and the metrics that state logs."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The objective's own state for a checkpoint (JSON values)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores `state_dict` from a checkpoint's trainer state (keys it does not know are ignored)."""
+        ...
+
+
+class NoStepState:
+    """The `Objective` methods of an objective with no state of its own across optimizer steps."""
+
+    def end_step(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
 
 @dataclass
 class ScoredRollout:

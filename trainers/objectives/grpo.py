@@ -9,6 +9,7 @@ import torch
 from launchgen.trainers.algorithm_options import CLIPPED_LOSS_TYPES, NEW_LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.algorithms import grpo_loss
+from launchgen.trainers.algorithms.adaptive_entropy import AdaptiveEntropy
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.backends import capabilities
@@ -44,8 +45,12 @@ class GRPOObjective:
         self.always_extremes: tuple[str, ...] = (
             ("clip_ratio/low_min", "clip_ratio/high_max") if self.clipped and not self.use_liger else ()
         )
-        # TRL's off-policy mask compares the policy with the sampler's own log-probs where the backend gives them.
-        self.keeps_sampling_logps = cfg.off_policy_mask_threshold is not None and self.caps.returns_logprobs
+        # TRL's off-policy mask compares the policy with a separate engine's (vLLM's) own log-probs; on a backend that
+        # samples from the policy itself TRL has no sampler log-probs and compares with the old policy. The plain
+        # backend's log-probs are taken after top-k/top-p renormalisation, so comparing with them would drop
+        # negative-advantage rows TRL keeps.
+        self.keeps_sampling_logps = (cfg.off_policy_mask_threshold is not None and self.caps.returns_logprobs
+                                     and base.uses_separate_engine(self.caps))
         self.params = grpo_loss.LossParams(
             loss_type=cfg.loss_type, epsilon_low=self.eps_lo, epsilon_high=self.eps_hi, beta=self.beta,
             use_bias_correction_kl=cfg.use_bias_correction_kl, importance_sampling_level=cfg.importance_sampling_level,
@@ -55,6 +60,12 @@ class GRPOObjective:
         )
         self._liger_loss: Any = None
         self._accelerator: Any = None
+        # TRL: the bonus stays on under adaptive control even when the coefficient has been walked down to 0.
+        self.entropy_bonus = cfg.entropy_coef != 0.0 or cfg.use_adaptive_entropy
+        self.entropy_control = AdaptiveEntropy(
+            coef=cfg.entropy_coef, target=cfg.entropy_target, delta=cfg.entropy_coef_delta,
+            coef_min=cfg.entropy_coef_min, coef_max=cfg.entropy_coef_max,
+        ) if cfg.use_adaptive_entropy else None
 
     def validate(self) -> None:
         base.validate_rollout(self.geometry)
@@ -73,7 +84,8 @@ class GRPOObjective:
             self._refuse_with_liger()
         if self.cfg.max_tokens_per_forward is not None:
             for name, on in (("top_entropy_quantile", self.cfg.top_entropy_quantile < 1.0),
-                             ("entropy_coef", self.cfg.entropy_coef != 0.0)):
+                             ("entropy_coef", self.cfg.entropy_coef != 0.0),
+                             ("use_adaptive_entropy", self.cfg.use_adaptive_entropy)):
                 if on:
                     raise TrainerSetupError(
                         f"{name} is computed over the whole micro-batch, which max_tokens_per_forward splits into "
@@ -89,6 +101,7 @@ class GRPOObjective:
             ("importance_sampling_level", cfg.importance_sampling_level != "token", "sequence-level ratios"),
             ("top_entropy_quantile", cfg.top_entropy_quantile < 1.0, "entropy masking"),
             ("entropy_coef", cfg.entropy_coef != 0.0, "an entropy bonus"),
+            ("use_adaptive_entropy", cfg.use_adaptive_entropy, "an entropy bonus"),
             ("off_policy_mask_threshold", cfg.off_policy_mask_threshold is not None, "off-policy sequence masking"),
         ]
         for name, on, what in refused:
@@ -119,6 +132,22 @@ class GRPOObjective:
             return part["completion_mask"].sum().float() / mb["completion_mask"].sum().float().clamp(min=1.0)
         return base.row_share(part, mb)  # grpo / sapo / dr_grpo / luspo: per-sequence terms over rows
 
+    def end_step(self) -> dict[str, float]:
+        """The adaptive entropy controller's update at the optimizer step's end; its coefficient for the log."""
+        ctl = self.entropy_control
+        if ctl is None:
+            return {}
+        acc = self._accelerator
+        reduce_sum = (lambda t: acc.reduce(t, reduction="sum")) if acc is not None else (lambda t: t)
+        return {"entropy_coef": ctl.end_step(reduce_sum)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.entropy_control is None else self.entropy_control.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.entropy_control is not None:
+            self.entropy_control.load_state_dict(state)
+
     def loss(self, model: Any, mb: base.Batch, stats: StepStats) -> torch.Tensor:
         if self.use_liger:
             return self._liger(model, mb, stats)
@@ -126,7 +155,7 @@ class GRPOObjective:
         mask = mb["completion_mask"]
         adv = mb["advantages"]
         logps, entropy, m = base.policy_logps_entropy(model, mb, self.logp_temperature, stats,
-                                                      entropy_grad=cfg.entropy_coef != 0.0)
+                                                      entropy_grad=self.entropy_bonus)
         ent_mask = self._entropy_mask(entropy.detach(), mask) if cfg.top_entropy_quantile < 1.0 else None
         keep = None if ent_mask is None else ent_mask.to(m.dtype)
         if cfg.off_policy_mask_threshold is not None:
@@ -142,13 +171,18 @@ class GRPOObjective:
             max_completion_length=cfg.generation.max_completion_length, num_items_in_batch=mb["num_items_in_batch"],
             num_processes=g.num_processes, steps_per_generation=g.spg,
         )
-        if cfg.entropy_coef != 0.0:
+        if self.entropy_bonus:
             # TRL logs the policy term alone (before its /GA for the per-step normalisers) beside the bonus.
             policy = loss.detach() * (1 if cfg.loss_type in TOKEN_SUM_LOSS_TYPES else g.ga)
             stats.add_mean("policy_loss", policy, 1.0)
             eff = m if ent_mask is None else m * ent_mask
-            loss = loss - cfg.entropy_coef * grpo_loss.entropy_bonus(entropy, eff, g.ga)
-            stats.add_mean("entropy_coef", cfg.entropy_coef, 1.0)
+            ctl = self.entropy_control
+            coef = cfg.entropy_coef if ctl is None else ctl.applied_coef()
+            loss = loss - coef * grpo_loss.entropy_bonus(entropy, eff, g.ga)
+            if ctl is None:
+                stats.add_mean("entropy_coef", cfg.entropy_coef, 1.0)
+            else:
+                ctl.add(entropy, eff)  # the coefficient is logged after the step's update (end_step), as TRL
         self._loss_metrics(ptl, adv, mask, m, stats)
         return loss
 

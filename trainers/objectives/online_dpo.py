@@ -12,7 +12,7 @@ from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
-class OnlineDPOObjective:
+class OnlineDPOObjective(base.NoStepState):
     name = "online_dpo"
     pair_size = 2  # rows are (chosen, rejected) pairs: never split by the shuffle or the passes
     supports_liger = False

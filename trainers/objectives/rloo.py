@@ -12,7 +12,7 @@ from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
-class RLOOObjective:
+class RLOOObjective(base.NoStepState):
     name = "rloo"
     pair_size = 1
     supports_liger = True

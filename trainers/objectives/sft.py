@@ -7,12 +7,12 @@ from typing import Any
 import torch
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry
+from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry, NoStepState
 from launchgen.trainers.stats import Stat, StepStats
 from launchgen.trainers.supervised import ExampleSource, make_liger_ce_loss, sequence_nll
 
 
-class SFTObjective:
+class SFTObjective(NoStepState):
     name = "sft"
     pair_size = 1
     supports_liger = True

@@ -1,0 +1,95 @@
+"""The run config of `python -m launchgen.trainers.trl`: which TRL trainer, the model, launchgen's data and reward
+sections, the server address the job resolves at run time, and `args`, the keyword arguments of TRL's own config
+class (GRPOConfig, ...) checked against the generated field table. pydantic and the standard library only.
+
+    trainer: grpo                      # a key of entries.TRL_ENTRIES
+    model_name_or_path: /models/qwen
+    data: {path: prompts.jsonl}        # launchgen.trainers.config.DataSection
+    rewards: [{name: accuracy}]        # launchgen.trainers.config.RewardSpec (weights -> TRL's reward_weights)
+    server: {host: node1, port: 8000, group_port: 51300}   # optional: TRL's vllm_server_* and vllm_group_port
+    args: {output_dir: ..., learning_rate: 1.0e-6, ...}    # TRL's config fields, as TRL names them
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from launchgen.trainers.config import DataSection, RewardSpec, _Strict, apply_override
+from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.trl.fields import problems
+from pydantic import Field, model_validator
+
+TrlName = Literal["grpo", "rloo", "online_dpo", "sft", "dpo", "gkd", "async_grpo"]
+
+#: TRL fields the `server` section fills; a run config sets them in one place only.
+SERVER_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_group_port")
+
+
+class ServerAddress(_Strict):
+    host: str = Field(description="Address of the `vllm serve` process.")
+    port: int = Field(ge=1, le=65535, description="Its HTTP port.")
+    group_port: int = Field(ge=1, le=65535, description="Port trainer rank 0 binds for the weight-transfer group.")
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class TrlRunConfig(_Strict):
+    trainer: TrlName = Field(description="TRL trainer: " + ", ".join(TRL_ENTRIES) + ".")
+    model_name_or_path: str = Field(description="The policy model (Hub id or local folder), as TRL's ModelConfig.")
+    data: DataSection = Field(description="Training rows (launchgen's data section; the prompt column becomes `prompt`).")
+    eval_data: DataSection | None = Field(default=None, description="Evaluation rows (TRL's eval_dataset).")
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="accuracy")],
+        description="Reward functions / models for trainers that take them (TRL's reward_funcs; weights become "
+        "reward_weights).",
+    )
+    server: ServerAddress | None = Field(default=None, description="The vLLM server, filled in by the job script.")
+    resume: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto: resume from the newest checkpoint-<step> in output_dir (TRL's own checkpoint: model, "
+        "optimizer, scheduler, RNG, data position); never: start fresh (refused where checkpoints exist).",
+    )
+    save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of TRL's config class.")
+
+    @model_validator(mode="after")
+    def _trl_fields(self) -> TrlRunConfig:
+        found = problems(self.trainer, self.args)
+        if found:
+            p = found[0]
+            raise ValueError(f"args.{p.key}: {p.message}; {p.fix}")
+        if "output_dir" not in self.args:
+            raise ValueError("args.output_dir: required (checkpoints, metrics.jsonl and the completion marker go there)")
+        if self.server is not None:
+            both = [f for f in SERVER_FIELDS if f in self.args]
+            if both:
+                raise ValueError(f"args.{both[0]}: the `server` section sets the server address; set one of them")
+        entry = TRL_ENTRIES[self.trainer]
+        if entry.data == "prompt" and self.data.max_prompt_length is not None:
+            raise ValueError(f"data.max_prompt_length: TRL's {entry.config_class} has no prompt truncation; "
+                             "shorten the prompts in the data")
+        if entry.vllm == "server" and self.server is None and "vllm_server_base_url" not in self.args:
+            raise ValueError(f"{self.trainer}: TRL's {entry.config_class} generates on a vLLM server only: set "
+                             "`server` or args.vllm_server_base_url")
+        return self
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(str(self.args["output_dir"]))
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> TrlRunConfig:
+        data = yaml.safe_load(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError("expected a mapping at the top level")
+        for item in overrides or []:
+            apply_override(data, item)
+        return cls.model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
