@@ -173,7 +173,7 @@ train:
     max_steps: 300
 LAUNCHGEN_EOF_592F24D6E4666AB8
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_42B44B871AB46E35'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_52612C2349C99A41'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -209,7 +209,7 @@ generation:
   backend: vllm_colocate
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -284,6 +284,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 300
 num_train_epochs: null
@@ -302,7 +303,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_42B44B871AB46E35
+LAUNCHGEN_EOF_52612C2349C99A41
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

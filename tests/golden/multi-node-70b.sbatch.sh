@@ -198,7 +198,7 @@ train:
       max_completion_length: 4096
 LAUNCHGEN_EOF_3E123573077F713C
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_468B2DAB00A89283'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_2C0409C09A3F4110'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -234,7 +234,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 4096
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -309,6 +309,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 4
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 4
 max_steps: 2000
 num_train_epochs: null
@@ -327,7 +328,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_468B2DAB00A89283
+LAUNCHGEN_EOF_2C0409C09A3F4110
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

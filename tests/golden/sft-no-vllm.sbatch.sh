@@ -159,7 +159,7 @@ train:
     max_steps: 1000
 LAUNCHGEN_EOF_0036AC3084EB1468
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7B92CBB597F8D751'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_C0BC3CF10FDF1BE7'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -195,7 +195,7 @@ generation:
   backend: hf
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -270,6 +270,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 2
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 2
 max_steps: 1000
 num_train_epochs: null
@@ -288,7 +289,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_7B92CBB597F8D751
+LAUNCHGEN_EOF_C0BC3CF10FDF1BE7
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE
