@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
+from launchgen import specfiles
 from launchgen.accelerate_config import read_user_config
 from launchgen.issues import Issue
 from launchgen.precision import resolve_precision
@@ -88,7 +88,7 @@ def distributed_files(ctx: Ctx) -> Iterator[Issue]:
             yield ctx.issue("LG634", path, f"deepspeed_config with train.backend {t.backend}")
             return
         try:
-            data = json.loads(Path(d.deepspeed_config).expanduser().read_text())
+            data = json.loads(specfiles.read_text(d.deepspeed_config))
             if not isinstance(data, dict):
                 raise ValueError("expected a JSON object")
         except (OSError, ValueError) as e:

@@ -32,6 +32,7 @@ from launchgen.checks import (
     port_uses,
     split_kernel,
 )
+from launchgen.containerchecks import ProbeUnavailable, probe_runtimes
 from launchgen.hfcache import kernel_in_cache, model_in_cache
 from launchgen.issues import Issue
 from launchgen.loader import LoadedSpec
@@ -336,6 +337,18 @@ def probe_offline(ctx: Ctx) -> Iterator[Issue]:
             yield ctx.issue("LG719", path, f"{why}, but the Hub kernel {attn} is not in the local cache")
 
 
+def probe_containers(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
+    """The container runtimes the spec uses (launchgen.containerchecks owns the probe)."""
+    def run(argv: list[str], timeout: float) -> tuple[int, str]:
+        try:
+            res = runner(argv, timeout)
+        except ProbeSkipped as exc:
+            raise ProbeUnavailable(str(exc)) from None
+        return res.returncode, res.stdout + res.stderr
+
+    yield from probe_runtimes(ctx, run, shutil.which)
+
+
 # --- entry point ------------------------------------------------------------------------------------------
 
 
@@ -351,5 +364,6 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_ports(ctx, is_free))
     issues.extend(probe_offline(ctx))
     issues.extend(probe_setup(ctx))
+    issues.extend(probe_containers(ctx, runner))
     return [i.located(i.file or loaded.path, i.line if i.line is not None else loaded.line_of(i.path) if i.path
                       else None) for i in issues]

@@ -127,6 +127,23 @@ def health_timeout_for_model_size(ctx: Ctx) -> Iterator[Issue]:
                         f"expect about {need} s before /health answers")
 
 
+_doc("LG812", "error", "slurm.extra_directives has an option sbatch refuses beside one launchgen writes "
+     "(e.g. --cpus-per-gpu beside --cpus-per-task).", "Drop the option, or set the typed field it clashes with "
+     "instead (slurm.cpus_per_task, slurm.mem).")
+
+
+@check("LG812", stage="plan")
+def extra_directives_compatible(ctx: Ctx) -> Iterator[Issue]:
+    if ctx.plan is None or ctx.plan.slurm is None:
+        return
+    generated = list(ctx.plan.slurm.directives[:len(ctx.plan.slurm.directives) - len(ctx.spec.slurm.extra_directives)])
+    for i, d in enumerate(ctx.spec.slurm.extra_directives):
+        for written, theirs in directives.refused_beside(d, generated):
+            yield ctx.issue("LG812", f"slurm.extra_directives.{i}",
+                            f"{written} beside `#SBATCH {theirs}` (written by launchgen): sbatch refuses the "
+                            "script (the two are mutually exclusive)")
+
+
 @check("LG809")
 def extra_directives_known(ctx: Ctx) -> Iterator[Issue]:
     for i, d in enumerate(ctx.spec.slurm.extra_directives):

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
@@ -22,6 +22,7 @@ from launchgen.planmodel import _err, _invariant
 from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs import CONFIGS
 
 
 def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: LoadedSpec | None = None,
@@ -39,7 +40,8 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: Lo
     except ValidationError as exc:
         lines = loaded.lines if loaded is not None else {}
         file = loaded.path if loaded is not None else None
-        found = issues_from_validation(exc, lines, file, prefix=("train", "args"), model=TrainerConfig)
+        found = issues_from_validation(exc, lines, file, prefix=("train", "args"),
+                                       model=CONFIGS.get(spec.train.trainer, TrainerConfig))
         generic = _PYDANTIC_FIXES
         raise SpecError([Issue("LG901", i.path, i.message,
                                "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
@@ -77,10 +79,11 @@ def _section(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | Non
     return node if "properties" in node else None
 
 
-def args_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The JSON Schema of `train.args`: the trainer's `TrainerConfig` without the arguments the spec owns (LG902),
-    and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and validation)."""
-    schema = TrainerConfig.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
+def args_json_schema(model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON Schema of `train.args` for one trainer: its config class without the arguments the spec owns
+    (LG902), and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and
+    validation)."""
+    schema = model.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
     defs = {_DEFS_PREFIX + k: v for k, v in schema.pop("$defs", {}).items()}
     for path in owned_paths():
         *parents, leaf = path.split(".")
@@ -91,5 +94,24 @@ def args_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
             node.get("properties", {}).pop(leaf, None)
             if leaf in node.get("required", []):
                 node["required"].remove(leaf)
+    for path, value in getattr(model, "defaults", {}).items():  # the trainer's own defaults, where it has them
+        *parents, leaf = path.split(".")
+        node = schema
+        for part in parents:
+            node = _section(node.get("properties", {}).get(part, {}), defs) if node is not None else None
+        prop = node.get("properties", {}).get(leaf) if node is not None else None
+        if prop is not None and not parents:  # a shared section's definition is every trainer's: left alone
+            prop["default"] = value
     schema["title"] = "train.args"
     return schema, defs
+
+
+def args_schemas_by_trainer() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """`args_json_schema` of every declared trainer, by name, and their definitions together (the sections they
+    share are one definition each)."""
+    by_name: dict[str, dict[str, Any]] = {}
+    defs: dict[str, Any] = {}
+    for name, cls in CONFIGS.items():
+        by_name[name], own = args_json_schema(cls)
+        defs.update(own)
+    return by_name, defs

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from launchgen.trainers.config import TrainerConfig
 
 from launchgen import trlnames
 from launchgen.checks import run_checks
@@ -131,7 +130,9 @@ def test_accelerate_process_count_says_where_the_world_size_comes_from() -> None
 
 def test_trl_table_points_only_at_paths_that_exist() -> None:
     spec_paths = _paths(Spec)
-    args_paths = {f"train.args.{p}" for p in _paths(TrainerConfig)}
+    from launchgen.trainers.configs import CONFIGS
+
+    args_paths = {f"train.args.{p}" for cls in CONFIGS.values() for p in _paths(cls)}
     for t in trlnames.TRL_NAMES:
         if t.path:
             assert t.path in spec_paths | args_paths | {"vllm", "model"}, t

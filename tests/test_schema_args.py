@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.algorithm_options import AlgorithmOptions
+from launchgen.trainers.configs import CONFIGS
 
 from launchgen.cli import main
 from launchgen.ownership import owned_paths
@@ -46,13 +48,39 @@ def _unknown_keys(value: Any, node: dict[str, Any], defs: dict[str, Any], path: 
     return out
 
 
-def test_train_args_is_the_trainer_config_without_owned_fields() -> None:
+def _args_of(schema: dict[str, Any], trainer: str | None) -> dict[str, Any]:
+    """The `train.args` schema that applies when `train.trainer` is `trainer` (None: not written)."""
+    defs = schema["$defs"]
+    found = []
+    for branch in defs["TrainSpec"]["allOf"]:
+        when = branch["if"]
+        cases = when.get("anyOf", [when])
+        if any(("not" in c and trainer is None) or c.get("properties", {}).get("trainer", {}).get("const") == trainer
+               for c in cases):
+            found.append(branch["then"]["properties"]["args"])
+    assert len(found) == 1, (trainer, found)
+    return _object(found[0], defs) or {}
+
+
+def test_train_args_follow_the_trainer() -> None:
+    """GRPO's options are offered under `trainer: grpo` (and with no trainer written: grpo is the default) only."""
+    schema = _schema()
+    grpo_only = set(AlgorithmOptions.model_fields)
+    assert grpo_only <= set(_args_of(schema, "grpo")["properties"])
+    assert _args_of(schema, None) == _args_of(schema, "grpo")
+    for name in ("rloo", "online_dpo", "sft"):
+        assert not grpo_only & set(_args_of(schema, name)["properties"]), name
+    assert _args_of(schema, "online_dpo")["properties"]["num_generations"]["default"] == 2
+
+
+@pytest.mark.parametrize("trainer", sorted(CONFIGS))
+def test_train_args_is_the_trainer_config_without_owned_fields(trainer: str) -> None:
     schema = _schema()
     defs = schema["$defs"]
-    args = defs["TrainSpec"]["properties"]["args"]
+    args = _args_of(schema, trainer)
     assert args["additionalProperties"] is False
     owned_top = {p for p in owned_paths() if "." not in p}
-    assert set(args["properties"]) == set(TrainerConfig.model_fields) - owned_top
+    assert set(args["properties"]) == set(CONFIGS[trainer].model_fields) - owned_top
     for path in owned_paths():  # none of the arguments the spec owns is offered
         *parents, leaf = path.split(".")
         node: dict[str, Any] | None = args
@@ -65,10 +93,11 @@ def test_train_args_is_the_trainer_config_without_owned_fields() -> None:
 
 def test_examples_train_args_validate_and_a_typo_does_not() -> None:
     schema = _schema()
-    defs, args = schema["$defs"], schema["$defs"]["TrainSpec"]["properties"]["args"]
+    defs, args = schema["$defs"], _args_of(schema, None)
     for path in sorted(EXAMPLES.glob("*.yaml")):
         spec = yaml.safe_load(path.read_text())
-        assert _unknown_keys(spec["train"].get("args", {}), args, defs, "train.args.") == [], path.name
+        own = _args_of(schema, spec["train"].get("trainer"))
+        assert _unknown_keys(spec["train"].get("args", {}), own, defs, "train.args.") == [], path.name
     bad = {"learnig_rate": 1e-6, "generation": {"max_completion_lenght": 8}}
     assert _unknown_keys(bad, args, defs, "train.args.") == [
         "train.args.learnig_rate", "train.args.generation.max_completion_lenght"]

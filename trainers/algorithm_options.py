@@ -1,16 +1,17 @@
 """GRPOConfig's loss options beyond the clipped token objective (TRL 1.16 names, defaults and meanings).
 
-A mixin of `config.TrainerConfig` (flat fields under `train.args`, as TRL's GRPOConfig has them), read by
+A mixin of `configs.grpo.GRPOConfig` (flat fields under `train.args`, as TRL's GRPOConfig has them), read by
 `trainers/algorithms/grpo.py` (the formulas) and `trainers/objectives/grpo.py` (the wiring). Pydantic only, so
-`launchgen check` validates them without torch. The options exist for `trainer: grpo` only (TRL's RLOOConfig has
-none of them): another trainer that sets one is refused, naming the field, instead of silently ignoring it.
+`launchgen check` validates them without torch. Only `configs.grpo.GRPOConfig` has them (TRL's RLOOConfig has
+none): another bundled trainer that sets one is refused, naming the field, instead of silently ignoring it
+(`config.TrainerConfig._options_of_other_trainers`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 ISLevel = Literal["token", "sequence"]
 Aggregation = Literal["sum_then_normalize", "normalize_then_sum"]
@@ -76,17 +77,6 @@ class AlgorithmOptions(BaseModel):
         description="GRPO with several rewards: `sum_then_normalize` (weighted sum, then group advantages) or "
         "`normalize_then_sum` (each reward normalised per group, weighted sum, then whitened over the batch).",
     )
-
-    @model_validator(mode="after")
-    def _grpo_only(self) -> AlgorithmOptions:
-        trainer = getattr(self, "trainer", "grpo")
-        if trainer == "grpo":
-            return self
-        # A value other than the default, not a field merely present: a resolved config (to_yaml) writes them all.
-        for name, field in sorted(AlgorithmOptions.model_fields.items()):
-            if getattr(self, name) != field.default:
-                raise ValueError(f"{name} is a GRPO option; trainer {trainer} does not use it: remove it")
-        return self
 
 
 #: Where a resolved config and `--help` list this module's fields: next to the other algorithm knobs.

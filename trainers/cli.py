@@ -2,7 +2,8 @@
 
 Everything up to a validated config imports only the standard library, pydantic and yaml, so `--help` and a config
 error answer in a fraction of a second; torch (`core`) is imported only to train. `--help` lists every config
-field (dotted path, type, default, description), generated from `config.TrainerConfig`.
+field (dotted path, type, default, description), generated from the trainer's config class
+(`launchgen.trainers.configs`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from launchgen.trainers.algorithm_options import ordered_keys
 from launchgen.trainers.config import TrainerConfig, apply_override
+from launchgen.trainers.configs import CONFIGS
 from launchgen.trainers.errors import TrainerSetupError
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -67,8 +69,11 @@ def _section(model: Any, field: Any) -> type[BaseModel] | None:
     return None
 
 
-def field_rows(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted path, type, default, description) of every leaf field; a list of models shows its items as `x[].y`."""
+def field_rows(model: type[BaseModel] = TrainerConfig, prefix: str = "",
+               defaults: dict[str, Any] | None = None) -> list[tuple[str, str, str, str]]:
+    """(dotted path, type, default, description) of every leaf field; a list of models shows its items as `x[].y`.
+    A trainer's own defaults (`defaults` of its config class) replace the shared field's."""
+    own = getattr(model, "defaults", {}) if defaults is None else defaults
     rows: list[tuple[str, str, str, str]] = []
     for name in ordered_keys(list(model.model_fields)):  # the GRPO options next to the algorithm knobs
         field = model.model_fields[name]
@@ -76,17 +81,18 @@ def field_rows(model: type[BaseModel] = TrainerConfig, prefix: str = "") -> list
         sub = _section(model, field)
         if sub is not None and typing.get_origin(field.annotation) is list:
             rows.append((path, "list", _default(field), field.description or ""))
-            rows.extend(field_rows(sub, path + "[]."))
+            rows.extend(field_rows(sub, path + "[].", own))
         elif sub is not None:
-            rows.extend(field_rows(sub, path + "."))
+            rows.extend(field_rows(sub, path + ".", own))
         else:
-            rows.append((path, _type_name(field.annotation), _default(field), field.description or ""))
+            default = json.dumps(own[path]) if path in own else _default(field)
+            rows.append((path, _type_name(field.annotation), default, field.description or ""))
     return rows
 
 
-def fields_help() -> str:
+def fields_help(model: type[BaseModel] = TrainerConfig) -> str:
     out = ["config fields (YAML keys of --config; --set takes the dotted path):", ""]
-    for path, typ, default, desc in field_rows():
+    for path, typ, default, desc in field_rows(model):
         out.append(f"  {path}: {typ} = {default}")
         if desc:
             out.extend(textwrap.wrap(desc, _WIDTH, initial_indent="      ", subsequent_indent="      "))
@@ -97,7 +103,7 @@ def _parser(trainer: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m launchgen.trainers.{trainer}",
         description=f"Train with the bundled {trainer} trainer (alone or under accelerate launch).",
-        epilog=fields_help(),
+        epilog=fields_help(CONFIGS.get(trainer, TrainerConfig)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", required=True, help="resolved trainer config (YAML), see the fields below")

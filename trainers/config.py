@@ -14,15 +14,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from launchgen.trainers.algorithm_options import AlgorithmOptions, ordered_dump
+from launchgen.trainers.algorithm_options import ordered_dump
+from launchgen.trainers.declaration import (
+    DeclaredConfig,
+    any_config_adapter,
+    config_class,
+    declared,
+    facts_of,
+    names_where,
+    spoken_list,
+)
 from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from launchgen import ports
-
-TrainerName = Literal["grpo", "rloo", "online_dpo", "sft"]
-#: Trainers that generate online and can therefore use a vLLM backend.
-ONLINE_TRAINERS: frozenset[str] = frozenset({"grpo", "rloo", "online_dpo"})
 
 Precision = Literal["bf16", "fp16", "fp32"]
 LossType = Literal["grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo", "sigmoid", "ipo"]
@@ -31,6 +36,8 @@ ScaleRewards = Literal["group", "batch", "none"]
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Backend = Literal["vllm_server", "vllm_colocate", "hf"]
 ReportTarget = Literal["jsonl", "tensorboard", "wandb"]
+#: The `trainer` field's description (each config class narrows the field to its own name).
+TRAINER_DOC = "The trainer this config is for (its config class in launchgen.trainers.configs picks the defaults)."
 _DEFAULT_REPORT_TO: tuple[ReportTarget, ...] = ("jsonl", "tensorboard")
 
 #: Built-in attention implementations transformers accepts by name.
@@ -264,10 +271,12 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
         out.append(("backend", "generation.backend",
                     f"generation.max_staleness needs the vllm_server backend (a server that generates while the "
                     f"trainer trains); {backend} generates with the trainer's own weights or GPUs"))
-    if trainer not in STALENESS_TRAINERS:
+    facts = facts_of(trainer)
+    if facts is None or not facts.corrects_stale_samples:
+        able = names_where(lambda f: f.corrects_stale_samples)
         out.append(("trainer", "trainer",
                     f"generation.max_staleness needs an importance-sampling correction of stale samples, which "
-                    f"{trainer} does not have (only {', '.join(sorted(STALENESS_TRAINERS))})"))
+                    f"{trainer} does not have (only {', '.join(sorted(able))})"))
     elif not correction_enabled:
         out.append(("correction", "generation.importance_sampling.enabled",
                     "generation.max_staleness generates from older weights than it trains: the importance-sampling "
@@ -275,14 +284,13 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
     return out
 
 
-#: Trainers whose loss corrects for samples drawn from other weights (GRPO's importance sampling).
-STALENESS_TRAINERS: frozenset[str] = frozenset({"grpo"})
+class TrainerConfig(DeclaredConfig):
+    """The config of the trainers that run the bundled loop (`core.Trainer`): one subclass per trainer in
+    `launchgen.trainers.configs`, chosen by `trainer` (`TrainerConfig.model_validate` picks it)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
 
-class TrainerConfig(AlgorithmOptions):
-    """`AlgorithmOptions` adds GRPOConfig's loss options (importance_sampling_level, delta, ...)."""
-
-    trainer: TrainerName = Field(description="Bundled trainer: grpo, rloo, online_dpo or sft.")
+    trainer: str = Field(description=TRAINER_DOC)
     output_dir: str = Field(description="Checkpoints, metrics.jsonl and the final model go here.")
     seed: int = Field(
         default=42,
@@ -411,45 +419,82 @@ class TrainerConfig(AlgorithmOptions):
         "checkpoints, which a fresh run would overwrite).",
     )
 
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> TrainerConfig:
+        """On `TrainerConfig` itself: the config class `obj`'s `trainer` names (the discriminated union)."""
+        if "facts" in cls.__dict__ or not isinstance(obj, dict):
+            return super().model_validate(obj, **kwargs)
+        sub = config_class(str(obj.get("trainer")))
+        if sub is None or not issubclass(sub, TrainerConfig):
+            found = any_config_adapter().validate_python(obj, **kwargs)  # raises: the union's error names the tags
+            raise TypeError(f"trainer {found.trainer_name!r} does not run the bundled loop")
+        return sub.model_validate(obj, **kwargs)
+
+    @classmethod
+    def other_trainers_options(cls) -> dict[str, type[TrainerConfig]]:
+        """Options another bundled trainer has and this one does not (GRPO's loss options), with their owner."""
+        return {k: c for c in declared() if issubclass(c, TrainerConfig)
+                for k in c.model_fields if k not in cls.model_fields}
+
+    @classmethod
+    def without_other_trainers_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """`data` less other trainers' options at their defaults: a config resolved before the options moved to
+        their trainer's class wrote every option (a checkpoint's recorded config, a resolved config file)."""
+        foreign = cls.other_trainers_options()
+        return {k: v for k, v in data.items()
+                if k not in foreign or v != foreign[k].model_fields[k].default}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_of_other_trainers(cls, data: Any) -> Any:
+        """Another trainer's option: dropped at its default, else refused (naming it) rather than ignored."""
+        if not isinstance(data, dict) or "facts" not in cls.__dict__:
+            return data
+        data = cls.without_other_trainers_defaults(data)
+        foreign = cls.other_trainers_options()
+        named = sorted(k for k in data if k in foreign)
+        if named:
+            raise ValueError(f"{named[0]} is a {foreign[named[0]].__name__.removesuffix('Config')} option; trainer "
+                             f"{cls.trainer_name} does not use it: remove it")
+        return data
+
     @model_validator(mode="after")
-    def _fill_trainer_defaults(self) -> TrainerConfig:
-        if self.num_generations is None:
-            self.num_generations = 2 if self.trainer in ("rloo", "online_dpo") else 8
-        if self.beta is None:
-            self.beta = {"rloo": 0.05, "online_dpo": 0.1}.get(self.trainer, 0.0)
-        # TRL's per-trainer defaults, applied only where the user left the field unset (assignment marks the field
-        # as set, so a resolved config written back with to_yaml() reads back unchanged).
-        if "learning_rate" not in self.model_fields_set and self.trainer in ("sft", "online_dpo"):
-            self.learning_rate = 2e-5 if self.trainer == "sft" else 5e-7
-        if self.trainer == "online_dpo":
-            if "temperature" not in self.generation.model_fields_set:
-                self.generation.temperature = 0.9
-            if "loss_type" not in self.model_fields_set:
-                self.loss_type = "sigmoid"
-            if self.loss_type not in DPO_LOSS_TYPES:
-                raise ValueError(f"online_dpo: loss_type must be sigmoid or ipo, not {self.loss_type!r}")
-            if self.num_generations != 2:
-                raise ValueError("online_dpo compares 2 completions per prompt: num_generations must be 2 (or unset)")
-            if self.beta <= 0:
-                raise ValueError("online_dpo: beta must be > 0 (DPO's inverse temperature; TRL's default is 0.1)")
-            if self.per_device_train_batch_size % 2:
-                raise ValueError(
-                    "online_dpo: per_device_train_batch_size counts completions and must be even (2 per prompt, "
-                    "so a pair never spans micro-batches)"
-                )
-        elif self.loss_type in DPO_LOSS_TYPES:
-            raise ValueError(f"loss_type {self.loss_type} is for online_dpo; {self.trainer} takes grpo, dapo, dr_grpo, bnpo, "
-                             "cispo, sapo, luspo or vespo")
+    def _resolve(self) -> TrainerConfig:
+        self._apply_defaults()
+        self._own_rules()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         if self.steps_per_generation is None:
             self.steps_per_generation = self.gradient_accumulation_steps
-        if self.trainer == "sft" and self.generation.backend != "hf":
-            raise ValueError("sft does not generate: generation.backend must stay `hf`")
+        self._shared_rules()
+        return self
+
+    def _apply_defaults(self) -> None:
+        """The trainer's `defaults` where the user left the field unset or null (assignment marks the field as set,
+        so a resolved config written back with to_yaml() reads back unchanged)."""
+        for path, value in self.defaults.items():
+            *parents, leaf = path.split(".")
+            node: BaseModel = self
+            for part in parents:
+                node = getattr(node, part)
+            if leaf not in node.model_fields_set or getattr(node, leaf) is None:
+                setattr(node, leaf, value)
+
+    def _own_rules(self) -> None:
+        """The trainer's own cross-field rules; the policy-gradient trainers' refuse DPO's loss types."""
+        if self.loss_type in DPO_LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type} is for online_dpo; {self.trainer} takes grpo, dapo, dr_grpo, "
+                             "bnpo, cispo, sapo, luspo or vespo")
+
+    def _shared_rules(self) -> None:
+        facts = self.facts
+        if not facts.online and self.generation.backend != "hf":
+            raise ValueError(f"{self.trainer} does not generate: generation.backend must stay `hf`")
         if self.eval_strategy == "steps" and self.eval_data is None:
             raise ValueError("eval_strategy: steps needs eval_data (the evaluation prompts)")
-        if self.eval_data is not None and self.trainer not in ONLINE_TRAINERS:
-            raise ValueError(f"eval_data: {self.trainer} does not generate; evaluation is for grpo, rloo and online_dpo")
+        if self.eval_data is not None and not facts.takes_eval_data:
+            able = spoken_list(names_where(lambda f: f.takes_eval_data))
+            raise ValueError(f"eval_data: {self.trainer} does not generate; evaluation is for {able}")
         g = self.generation
         if g.max_staleness:
             refusals = staleness_refusals(self.trainer, g.backend, g.importance_sampling.enabled)
@@ -459,7 +504,6 @@ class TrainerConfig(AlgorithmOptions):
             errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile)
             if errors:
                 raise ValueError(f"peft: {errors[0][1]}")
-        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> TrainerConfig:

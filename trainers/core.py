@@ -305,6 +305,7 @@ class Trainer:
     def _step(self) -> dict[str, float]:
         """One optimizer step over GA micro-batches (regenerating where a generation batch is used up)."""
         cfg, acc = self.cfg, self.accelerator
+        t_step = time.perf_counter()
         stats = StepStats()
         step_metrics: dict[str, float] = {}
         t_train = 0.0
@@ -349,6 +350,7 @@ class Trainer:
             step_metrics["grad_norm"] = float(grad_norm)
         step_metrics["learning_rate"] = lr
         step_metrics["time/train"] = t_train
+        step_metrics["time/step"] = time.perf_counter() - t_step  # wall time; `launchgen plan --from-run` reads it
         sampler = self.source.sampler
         step_metrics["epoch"] = sampler.epoch + sampler.index / max(1, sampler.n)
         return step_metrics

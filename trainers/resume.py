@@ -129,6 +129,8 @@ def decide(cfg: TrainerConfig) -> ResumeDecision:
     step, path = found[-1]
     state = json.loads((path / ckpt.STATE_FILE).read_text())
     saved = state.get(STATE_KEY)
+    if isinstance(saved, dict):  # recorded before GRPO's options were GRPO's alone: every trainer wrote them
+        saved = type(cfg).without_other_trainers_defaults(saved)
     note = None
     if saved is None:
         note = f"[launchgen] resume: {path} records no config (written before launchgen checked it): not compared"

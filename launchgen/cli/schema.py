@@ -106,14 +106,27 @@ def markdown_reference(model: type[BaseModel] = Spec, prefix: str = "", note: st
 
 
 def spec_json_schema() -> dict[str, Any]:
-    """The spec's JSON Schema, with `train.args` typed as the trainer's config (`trainer_config.args_json_schema`)."""
-    from launchgen.trainer_config import args_json_schema
+    """The spec's JSON Schema, with `train.args` typed as the config of the trainer `train.trainer` names
+    (`trainer_config.args_schemas_by_trainer`): an `if`/`then` per trainer, so an editor offers GRPO's options
+    only under `trainer: grpo`."""
+    from launchgen.spec import TrainSpec
+    from launchgen.trainer_config import args_schemas_by_trainer
 
     schema = Spec.model_json_schema()
-    args, defs = args_json_schema()
+    by_name, defs = args_schemas_by_trainer()
     schema["$defs"].update(defs)
-    field = schema["$defs"]["TrainSpec"]["properties"]["args"]
-    schema["$defs"]["TrainSpec"]["properties"]["args"] = {**args, "description": field.get("description", "")}
+    train = schema["$defs"]["TrainSpec"]
+    field = train["properties"]["args"]
+    train["properties"]["args"] = {"type": "object", "description": field.get("description", "")}
+    default = TrainSpec.model_fields["trainer"].default
+    branches = []
+    for name, args in by_name.items():
+        ref = f"trainer.args.{name}"
+        schema["$defs"][ref] = args
+        named: dict[str, Any] = {"properties": {"trainer": {"const": name}}, "required": ["trainer"]}
+        when = {"anyOf": [{"not": {"required": ["trainer"]}}, named]} if name == default else named
+        branches.append({"if": when, "then": {"properties": {"args": {"$ref": f"#/$defs/{ref}"}}}})
+    train["allOf"] = branches
     return schema
 
 

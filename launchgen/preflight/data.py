@@ -12,10 +12,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from launchgen import specfiles
 from launchgen.checks import Ctx, _doc, check
 from launchgen.issues import Issue
 from launchgen.preflight.trainer_args import data_section, reward_specs
-from launchgen.trainers.config import ONLINE_TRAINERS, DataSection
+from launchgen.trainers.config import DataSection
 from launchgen.trainers.datafiles import LOCAL_SUFFIXES, PeekUnavailable, local_path, mapped, peek_local
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.rewards import BUILTIN_COLUMNS
@@ -58,8 +59,8 @@ def _near(p: Path) -> str | None:
 def _columns_issues(ctx: Ctx, data: DataSection, columns: list[str], what: str) -> Iterator[Issue]:
     have = sorted(columns)
     listed = ", ".join(have) or "none"
-    trainer = ctx.spec.train.trainer
-    if trainer == "sft":
+    facts = ctx.trainer_facts
+    if facts.data == "examples":
         from launchgen.trainers.datafiles import detect_sft_format
 
         try:
@@ -67,7 +68,7 @@ def _columns_issues(ctx: Ctx, data: DataSection, columns: list[str], what: str) 
         except TrainerSetupError as e:
             yield ctx.issue("LG332", "train.args.data", f"{what}: {e}")
         return
-    if trainer not in ONLINE_TRAINERS:
+    if facts.data != "prompts":
         return
     if data.prompt_column not in columns:
         path = "train.args.data.prompt_column" if "prompt_column" in data.model_fields_set else "train.args.data"
@@ -105,6 +106,8 @@ def data_readable(ctx: Ctx) -> Iterator[Issue]:
                         f"did you mean {near}?" if near else None)
         return
     try:
+        if not p.is_dir():
+            specfiles.check_regular(p)  # a FIFO or a device would block or never end
         peek = peek_local(p, data.split)
     except PeekUnavailable as e:
         yield ctx.issue("LG334", "train.args.data.path", f"columns not checked: {e}")

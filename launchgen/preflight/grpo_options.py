@@ -48,7 +48,8 @@ def _num(v: Any) -> float | None:
 
 
 def _is_grpo(ctx: Ctx) -> bool:
-    return ctx.spec.train.trainer == "grpo"
+    """The trainer takes GRPO's loss options (its config class has them)."""
+    return issubclass(ctx.trainer_class, AlgorithmOptions)
 
 
 @check("LG612", "LG613")

@@ -18,6 +18,8 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launchgen import specfiles
+
 if TYPE_CHECKING:
     from launchgen.checks import Ctx
 
@@ -111,6 +113,6 @@ def module_source(spec: ModuleSpec) -> str | None:
     if not origin or not origin.endswith(".py"):
         return None
     try:
-        return Path(origin).read_text(encoding="utf-8")
+        return specfiles.read_text(origin, specfiles.SOURCE_LIMIT)
     except (OSError, UnicodeDecodeError):
         return None

@@ -13,7 +13,6 @@ from launchgen.checks import Ctx, _doc, check
 from launchgen.issues import Issue
 from launchgen.preflight.pypath import find_module, module_source, search_path, top_level_names
 from launchgen.preflight.trainer_args import reward_specs
-from launchgen.trainers.config import ONLINE_TRAINERS
 from launchgen.trainers.rewards import BUILTINS
 
 #: Names users write for a built-in (its function's name in rewards.py, TRL habits).
@@ -93,7 +92,7 @@ def _module_issues(ctx: Ctx, path: str, name: str) -> Iterator[Issue]:
 
 @check("LG320", "LG321", "LG322", "LG323", stage="files")
 def rewards_resolve(ctx: Ctx) -> Iterator[Issue]:
-    if ctx.spec.train.trainer not in ONLINE_TRAINERS:
+    if not ctx.trainer_facts.online:
         return
     for path, spec in reward_specs(ctx):
         if spec.model is not None or spec.name is None or spec.name in BUILTINS:

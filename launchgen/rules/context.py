@@ -16,6 +16,8 @@ from launchgen.rules.registry import CODES
 from launchgen.spec import Spec
 from launchgen.trainer_config import resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs import CONFIGS
+from launchgen.trainers.declaration import DeclaredConfig, TrainerFacts
 
 if TYPE_CHECKING:
     from launchgen.plan import Plan
@@ -53,6 +55,17 @@ class Ctx:
     def trainer_config_issues(self) -> list[Issue]:
         """LG901: why `train.args` does not validate, with fields and lines."""
         return self._trainer_config[1]
+
+    @property
+    def trainer_class(self) -> type[DeclaredConfig]:
+        """The config class of the spec's trainer: its declaration (defaults, options, facts)."""
+        return CONFIGS[self.spec.train.trainer]
+
+    @property
+    def trainer_facts(self) -> TrainerFacts:
+        """What the spec's trainer declares about itself (online, data rows, Liger, ...): checks ask these, never
+        its name."""
+        return self.trainer_class.facts
 
     @cached_property
     def layout(self) -> Layout:

@@ -162,7 +162,7 @@ def _num(v: Any) -> float | None:
 
 @check("LG607", "LG608", "LG609", "LG610")
 def liger_combinations(ctx: Ctx) -> Iterator[Issue]:
-    if not liger_fused_loss(ctx) or ctx.spec.train.trainer != "grpo":
+    if not liger_fused_loss(ctx) or not ctx.trainer_facts.supports_liger_loss:
         return
     q = _num(ctx.arg("top_entropy_quantile"))
     if q is not None and q < 1.0:

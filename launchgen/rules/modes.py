@@ -10,7 +10,7 @@ from launchgen.ownership import owned_args
 from launchgen.rules.context import Ctx, _set
 from launchgen.rules.kernels import _args_precision_conflict, attn_implementation_args
 from launchgen.rules.registry import _doc, check
-from launchgen.trainers.config import ONLINE_TRAINERS
+from launchgen.trainers.declaration import names_where
 
 # === LG5xx mode rules =====================================================================================
 
@@ -57,10 +57,10 @@ def trainer_gpu_memory_only_colocate(ctx: Ctx) -> Iterator[Issue]:
 @check("LG503")
 def vllm_needs_online_trainer(ctx: Ctx) -> Iterator[Issue]:
     t = ctx.spec.train
-    if ctx.spec.vllm is not None and t.trainer not in ONLINE_TRAINERS:
+    if ctx.spec.vllm is not None and not ctx.trainer_facts.online:
         yield ctx.issue("LG503", "train.trainer",
                         f"trainer {t.trainer} does not generate, so a vllm section is meaningless "
-                        f"(vLLM works with {', '.join(sorted(ONLINE_TRAINERS))})")
+                        f"(vLLM works with {', '.join(sorted(names_where(lambda f: f.online)))})")
 
 
 def _expected_backend(ctx: Ctx) -> str:
@@ -156,7 +156,7 @@ def mode_specific_fields(ctx: Ctx) -> Iterator[Issue]:
 @check("LG507")
 def online_without_vllm(ctx: Ctx) -> Iterator[Issue]:
     t = ctx.spec.train
-    if ctx.spec.vllm is None and t.trainer in ONLINE_TRAINERS and not ctx.cpu:
+    if ctx.spec.vllm is None and ctx.trainer_facts.online and not ctx.cpu:
         yield ctx.issue("LG507", "train.trainer",
                         f"{t.trainer} will generate with transformers' generate, which is much slower than vLLM")
 

@@ -106,6 +106,43 @@ def env_not_plan_owned(ctx: Ctx) -> Iterator[Issue]:
                                 f"{name} is set by launchgen for each role; slurm.env.{role} would fight it")
 
 
+_doc("LG810", "error", "slurm.env sets a variable that changes how bash runs the job's scripts (SHELLOPTS, "
+     "BASH_ENV, IFS, PATH, ...).", "Remove it; put shell set-up in slurm.setup (e.g. `export PATH=/opt/x/bin:$PATH`).")
+
+#: Variables bash reads as its own settings, or refuses to have set: exported into a step script, each one makes
+#: the script fail (`SHELLOPTS: readonly variable` under set -e), run foreign code (BASH_ENV, ENV: sourced by every
+#: non-interactive bash the job starts), split words differently (IFS), or lose its clock (SECONDS times the
+#: supervisor's deadlines).
+SHELL_VARIABLES = frozenset({
+    "SHELLOPTS", "BASHOPTS", "BASH_ENV", "ENV", "IFS", "POSIXLY_CORRECT", "CDPATH", "GLOBIGNORE", "EXECIGNORE",
+    "SECONDS", "RANDOM", "SRANDOM", "LINENO", "PPID", "UID", "EUID", "GROUPS", "FUNCNAME", "OPTIND", "OPTARG",
+    "PIPESTATUS", "PS4", "TMOUT", "HISTFILE", "SHLVL", "PWD", "OLDPWD", "EPOCHSECONDS", "EPOCHREALTIME",
+})
+
+
+def breaks_shell(name: str, value: str) -> str | None:
+    """Why exporting `name=value` into the job's bash scripts breaks them, or None."""
+    if name in SHELL_VARIABLES or name.startswith("BASH"):
+        return f"{name} is bash's own variable; set in the job's scripts it changes how they run or fails them"
+    if name == "PATH":
+        return ("PATH here replaces the whole search path (after slurm.setup ran), so bash, python and srun are "
+                "not found" + (" (it is empty)" if not value.strip(":") else ""))
+    if name == "HOME" and not value:
+        return "an empty HOME breaks `~` in job.output_dir and every tool that keeps a cache under it"
+    return None
+
+
+@check("LG810")
+def env_not_shell_breaking(ctx: Ctx) -> Iterator[Issue]:
+    env = ctx.spec.slurm.env
+    for role in ("all", "server", "trainer"):
+        values: dict[str, str] = getattr(env, role)
+        for name, value in values.items():
+            why = breaks_shell(name, value)
+            if why is not None:
+                yield ctx.issue("LG810", f"slurm.env.{role}.{name}", why)
+
+
 _doc("LG808", "error", "vllm.bind is a loopback address but the trainer reaches the server from another node.",
      "Use vllm.bind: node (the node's cluster address), or share a node with the trainer (vllm.nodes: 0).")
 

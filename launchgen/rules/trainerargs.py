@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from launchgen.issues import Issue
 from launchgen.rules.context import Ctx
 from launchgen.rules.registry import _doc, check
-from launchgen.trainers.config import ONLINE_TRAINERS
 
 _doc("LG901", "error", "train.args does not validate as the trainer's config (unknown key, wrong type, missing "
      "`data`).", "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig; `launchgen schema "
@@ -21,7 +20,7 @@ _doc("LG901", "error", "train.args does not validate as the trainer's config (un
 
 @check("LG901")
 def trainer_args_validate(ctx: Ctx) -> Iterator[Issue]:
-    if ctx.spec.vllm is not None and ctx.spec.train.trainer not in ONLINE_TRAINERS:
+    if ctx.spec.vllm is not None and not ctx.trainer_facts.online:
         return  # LG503: the fix is to delete the vllm section, which the trainer config refuses too
     yield from ctx.trainer_config_issues
 

@@ -8,7 +8,6 @@ from launchgen.issues import Issue
 from launchgen.rules.context import Ctx
 from launchgen.rules.registry import _doc, check
 from launchgen.rules.tp import _tp
-from launchgen.trainers.config import ONLINE_TRAINERS
 
 # === LG3xx trainer world, backend, batch ==================================================================
 
@@ -40,7 +39,7 @@ def zero3_with_colocate(ctx: Ctx) -> Iterator[Issue]:
 @check("LG303")
 def generation_batch_divisible(ctx: Ctx) -> Iterator[Issue]:
     t, cfg = ctx.spec.train, ctx.trainer_cfg
-    if t.trainer not in ONLINE_TRAINERS or ctx.world_size == 0 or cfg is None:
+    if not ctx.trainer_facts.online or ctx.world_size == 0 or cfg is None:
         return  # a config that does not validate is LG901's
     # the trainer's own values, defaults included (num_generations per trainer, steps_per_generation = GA)
     g, bs = cfg.num_generations, cfg.per_device_train_batch_size

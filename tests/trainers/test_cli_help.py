@@ -23,9 +23,22 @@ def _heavy(mods: set[str]) -> list[str]:
 
 
 def test_every_field_has_a_description() -> None:
-    rows = field_rows()
-    assert len(rows) > 60
-    assert [p for p, _, _, desc in rows if not desc] == []
+    from launchgen.trainers.configs import CONFIGS
+
+    for cls in CONFIGS.values():
+        rows = field_rows(cls)
+        assert len(rows) > 60
+        assert [p for p, _, _, desc in rows if not desc] == []
+
+
+def test_help_shows_the_trainers_own_options_and_defaults() -> None:
+    from launchgen.trainers.configs import CONFIGS
+
+    grpo = {p: d for p, _, d, _ in field_rows(CONFIGS["grpo"])}
+    dpo = {p: d for p, _, d, _ in field_rows(CONFIGS["online_dpo"])}
+    assert "delta" in grpo and "delta" not in dpo  # GRPO's options under grpo only
+    assert (grpo["num_generations"], dpo["num_generations"]) == ("8", "2")
+    assert (dpo["generation.temperature"], dpo["loss_type"]) == ("0.9", '"sigmoid"')
 
 
 @pytest.mark.parametrize("trainer", ["grpo", "rloo", "online_dpo", "sft"])
@@ -37,7 +50,9 @@ def test_help_lists_every_field_without_importing_torch(trainer: str) -> None:
     assert "launchgen.trainers.cli" in mods  # the parse worked: importtime did list the imports
     assert _heavy(mods) == []
     out = proc.stdout
-    for path, typ, default, _desc in field_rows():
+    from launchgen.trainers.configs import CONFIGS
+
+    for path, typ, default, _desc in field_rows(CONFIGS[trainer]):
         assert f"\n  {path}: {typ} = {default}\n" in out, path
     # hand-written expectations for a few rows (type, default, description)
     assert "\n  seed: int = 42\n      Random seed" in out

@@ -22,14 +22,33 @@ def _cfg(**over: Any) -> Any:
     return TrainerConfig.model_validate(d)
 
 
-def test_every_trainer_name_has_an_objective_and_an_entry_module() -> None:
-    from launchgen.trainers.config import TrainerName
+def test_every_bundled_trainer_has_an_objective_and_an_entry_module() -> None:
+    """Found, not listed: each declared config class of the bundled loop has the objective that names it and the
+    entry module its facts name; a trainer with another runtime has only its entry module."""
+    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.configs import CONFIGS, TRAINER_NAMES
     from launchgen.trainers.objectives import OBJECTIVES
 
-    assert sorted(OBJECTIVES) == sorted(get_args(TrainerName))
-    for name, cls in OBJECTIVES.items():
-        assert cls.name == name
-        assert callable(importlib.import_module(f"launchgen.trainers.{name}").main)
+    assert list(CONFIGS) == list(TRAINER_NAMES) and {"grpo", "rloo", "online_dpo", "sft"} <= set(CONFIGS)
+    bundled = [name for name, cls in CONFIGS.items() if issubclass(cls, TrainerConfig)]
+    assert list(OBJECTIVES) == bundled
+    for name, cls in CONFIGS.items():
+        assert cls.trainer_name == name
+        assert callable(importlib.import_module(cls.facts.entry_module).main)
+        if name in OBJECTIVES:
+            assert OBJECTIVES[name].config_class is cls and OBJECTIVES[name].name == name
+
+
+def test_a_trainer_is_declared_once() -> None:
+    from typing import ClassVar, Literal
+
+    from launchgen.trainers.configs.grpo import GRPOConfig
+    from launchgen.trainers.declaration import TrainerFacts
+
+    with pytest.raises(TypeError, match="declared twice"):
+        type("Again", (GRPOConfig,), {"__annotations__": {"trainer": Literal["grpo"],
+                                                         "facts": ClassVar[TrainerFacts]},
+                                     "facts": GRPOConfig.facts, "__module__": __name__})
 
 
 def test_every_backend_name_has_a_spec() -> None:
@@ -106,16 +125,24 @@ def test_unknown_trainer_is_a_setup_error() -> None:
         objectives.build_objective(cfg, 1)
 
 
-def test_liger_support_is_declared_by_the_objective(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_liger_support_is_declared_by_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
+    from launchgen.trainers.configs.rloo import RLOOConfig
     from launchgen.trainers.errors import TrainerSetupError
-    from launchgen.trainers.objectives import OBJECTIVES, build_objective
+    from launchgen.trainers.objectives import build_objective
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the trainer's support
     liger = {"name_or_path": "m", "use_liger_kernel": True}
     with pytest.raises(TrainerSetupError, match="supported for grpo, rloo, sft, not online_dpo"):
         build_objective(_cfg(trainer="online_dpo", model=liger), 1)
-    monkeypatch.setattr(OBJECTIVES["rloo"], "supports_liger", False)
+    monkeypatch.setattr(RLOOConfig, "facts", replace(RLOOConfig.facts, supports_liger_kernel=False))
     with pytest.raises(TrainerSetupError, match="supported for grpo, sft, not rloo"):
         build_objective(_cfg(trainer="rloo", model=liger), 1)
     assert build_objective(_cfg(model=liger), 1).name == "grpo"
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    from launchgen.trainers.declaration import trainers_markdown
+
+    page = (HERE.parents[1] / "docs" / "trainers.md").read_text()
+    assert trainers_markdown() in page, "regenerate the table in docs/trainers.md from trainers_markdown()"

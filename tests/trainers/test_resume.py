@@ -186,3 +186,21 @@ def test_resume_never_into_a_directory_with_checkpoints_is_refused(tmp_path: Pat
     with pytest.raises(TrainerSetupError, match=r"resume: never, but .*checkpoint-2 exists.*new output directory"):
         run_cfg({**cfg, "resume": "never"})
     assert _snapshot(out) == before
+
+
+def test_a_checkpoint_recorded_with_every_trainers_options_still_resumes(tmp_path: Path) -> None:
+    """Before GRPO's options were GRPO's alone, every trainer's resolved config (and so its checkpoint) wrote them
+    at their defaults: such a checkpoint of an rloo run still matches; one that changed one of them does not."""
+    from launchgen.trainers.algorithm_options import AlgorithmOptions
+    from launchgen.trainers.checkpoint import STATE_FILE
+    from launchgen.trainers.resume import decide
+
+    cfg = TrainerConfig.model_validate({"trainer": "rloo", "output_dir": str(tmp_path), "max_steps": 9,
+                                        "model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"}})
+    older = {**fingerprint(cfg), **{k: f.default for k, f in AlgorithmOptions.model_fields.items()}}
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / STATE_FILE).write_text(json.dumps({"config": older}))
+    assert decide(cfg).checkpoint == tmp_path / "checkpoint-3"
+    (tmp_path / "checkpoint-3" / STATE_FILE).write_text(json.dumps({"config": {**older, "delta": 2.0}}))
+    with pytest.raises(TrainerSetupError, match=r"delta: 2.0 in the checkpoint, \(unset\) now"):
+        decide(cfg)

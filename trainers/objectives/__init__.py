@@ -1,23 +1,34 @@
-"""The bundled trainers by `trainer` name: the one place a trainer is added.
+"""The bundled trainers' objectives, by `trainer` name: found, not listed.
 
-Adding one: an objective class (see `base.Objective`; an online-RL one also `base.RLObjective` and a rollout via
-`base.make_rollout`) constructed as `cls(cfg, num_processes)`, one entry here, its name in `config.TrainerName`
-and a `python -m launchgen.trainers.<name>` module calling `cli.entry`.
+An objective is a class in a module of this package with `config_class` (its trainer's config class, see
+`launchgen.trainers.configs`), constructed as `cls(cfg, num_processes)` (see `base.Objective`; an online-RL one is
+also a `base.RLObjective` with a rollout from `base.make_rollout`). Importing this package imports every module
+of it, so adding a trainer's objective touches no list here.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declaration import declared, names_where
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.objectives.base import Objective
-from launchgen.trainers.objectives.grpo import GRPOObjective
-from launchgen.trainers.objectives.online_dpo import OnlineDPOObjective
-from launchgen.trainers.objectives.rloo import RLOOObjective
-from launchgen.trainers.objectives.sft import SFTObjective
 
-OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (GRPOObjective, RLOOObjective, OnlineDPOObjective, SFTObjective)
-}
+
+def _discover() -> dict[str, type[Objective]]:
+    found: dict[str, type[Objective]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and value.__module__ == module.__name__ and "config_class" in vars(value):
+                found[value.config_class.trainer_name] = value  # type: ignore[attr-defined]
+    order = [c.trainer_name for c in declared()]
+    return {name: found[name] for name in sorted(found, key=order.index)}
+
+
+OBJECTIVES: dict[str, type[Objective]] = _discover()
 
 
 def build_objective(cfg: TrainerConfig, num_processes: int) -> Objective:
@@ -31,7 +42,7 @@ def build_objective(cfg: TrainerConfig, num_processes: int) -> Objective:
         from launchgen.trainers.modeling import check_liger_compatible
 
         check_liger_compatible(cfg)
-        if not objective.supports_liger:
-            able = [name for name, c in OBJECTIVES.items() if c.supports_liger]
+        if not cfg.facts.supports_liger_kernel:
+            able = names_where(lambda f: f.supports_liger_kernel)
             raise TrainerSetupError(f"model.use_liger_kernel is supported for {', '.join(able)}, not {cfg.trainer}")
     return objective

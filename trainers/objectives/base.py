@@ -95,6 +95,8 @@ class BatchSource(Protocol):
 
 
 class Objective(Protocol):
+    #: The trainer's config class (its declaration: name, defaults, facts); `name` is its `trainer_name`.
+    config_class: type[TrainerConfig]
     name: str
     cfg: TrainerConfig
     geometry: Geometry
@@ -103,8 +105,6 @@ class Objective(Protocol):
     needs_reference: bool
     #: `clip_ratio/*` extremes every rank records, so every rank gathers them (the others only where present).
     always_extremes: tuple[str, ...]
-    #: Runs with `model.use_liger_kernel` (Liger's kernels patched in; GRPO may also use its fused loss).
-    supports_liger: bool
 
     def validate(self) -> None:
         """Cross-field checks that need the process count; messages name the fields and the fix."""

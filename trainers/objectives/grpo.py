@@ -10,7 +10,7 @@ from launchgen.trainers.algorithm_options import CLIPPED_LOSS_TYPES, NEW_LOSS_TY
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.algorithms import grpo_loss
 from launchgen.trainers.algorithms.adaptive_entropy import AdaptiveEntropy
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs.grpo import GRPOConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.generation.backends import capabilities
 from launchgen.trainers.objectives import base
@@ -24,11 +24,11 @@ def keeps_old_logps(use_is: bool, ga: int, spg: int, num_iterations: int) -> boo
 
 
 class GRPOObjective:
-    name = "grpo"
+    config_class = GRPOConfig
+    name = GRPOConfig.trainer_name
     pair_size = 1
-    supports_liger = True
 
-    def __init__(self, cfg: TrainerConfig, num_processes: int) -> None:
+    def __init__(self, cfg: GRPOConfig, num_processes: int) -> None:
         self.cfg = cfg
         self.geometry = base.Geometry.from_config(cfg, num_processes)
         self.caps = capabilities(cfg)

@@ -8,14 +8,15 @@ from typing import Any
 import torch
 from launchgen.trainers.algorithms import online_dpo as dpo_alg
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs.online_dpo import OnlineDPOConfig
 from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
 class OnlineDPOObjective(base.NoStepState):
-    name = "online_dpo"
+    config_class = OnlineDPOConfig
+    name = OnlineDPOConfig.trainer_name
     pair_size = 2  # rows are (chosen, rejected) pairs: never split by the shuffle or the passes
-    supports_liger = False
     always_extremes: tuple[str, ...] = ()
     needs_reference = True
     keeps_old_logps = False  # no ratio: the loss compares the policy with the reference only

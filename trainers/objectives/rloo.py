@@ -7,15 +7,16 @@ from typing import Any
 import torch
 from launchgen.trainers.algorithms import rloo as rloo_alg
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs.rloo import RLOOConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 
 
 class RLOOObjective(base.NoStepState):
-    name = "rloo"
+    config_class = RLOOConfig
+    name = RLOOConfig.trainer_name
     pair_size = 1
-    supports_liger = True
     always_extremes: tuple[str, ...] = ("clip_ratio/low_min", "clip_ratio/high_max")
     uses_importance_sampling = False
     keeps_sampling_logps = False

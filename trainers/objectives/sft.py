@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs.sft import SFTConfig
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry, NoStepState
 from launchgen.trainers.stats import Stat, StepStats
@@ -13,9 +14,9 @@ from launchgen.trainers.supervised import ExampleSource, make_liger_ce_loss, seq
 
 
 class SFTObjective(NoStepState):
-    name = "sft"
+    config_class = SFTConfig
+    name = SFTConfig.trainer_name
     pair_size = 1
-    supports_liger = True
     needs_reference = False
     always_extremes: tuple[str, ...] = ()
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import yaml
 from launchgen.trainers.config import DataSection, RewardSpec, _Strict, apply_override
-from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.trl.entries import LAUNCHGEN_KEYS, TRL_ENTRIES
 from launchgen.trainers.trl.fields import problems
 from pydantic import Field, model_validator
 
@@ -59,6 +59,9 @@ class TrlRunConfig(_Strict):
 
     @model_validator(mode="after")
     def _trl_fields(self) -> TrlRunConfig:
+        misplaced = [k for k in LAUNCHGEN_KEYS if k in self.args]
+        if misplaced:
+            raise ValueError(f"args.{misplaced[0]}: launchgen's key, not a TRL field: write it at the top level")
         found = problems(self.trainer, self.args)
         if found:
             p = found[0]

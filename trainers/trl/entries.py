@@ -62,5 +62,18 @@ TRL_GONE: dict[str, str] = {
 #: The spec's prefix for TRL's trainers (`train.trainer: trl.grpo`).
 PREFIX = "trl."
 
-#: Keys of a run config's `args` that are launchgen's, not TRL's: read from the spec's `train.args` beside TRL's fields.
-LAUNCHGEN_KEYS = ("data", "eval_data", "rewards", "resume", "save_final_model")
+#: Keys of the spec's `train.args` that are launchgen's, not TRL's config fields (`generation` is translated).
+LAUNCHGEN_KEYS = ("data", "eval_data", "rewards", "resume", "save_final_model", "generation")
+
+#: The bundled trainers' `generation.<key>` settings that are TRL config fields, so one spec switches between
+#: `grpo` and `trl.grpo` by its trainer line: key -> TRL's field (per trainer where TRL names it otherwise).
+GENERATION_FIELDS: dict[str, dict[str, str]] = {
+    "max_completion_length": {"online_dpo": "max_new_tokens", "gkd": "max_new_tokens"},
+    "temperature": {}, "top_p": {}, "top_k": {}, "min_p": {}, "repetition_penalty": {}, "generation_kwargs": {},
+}
+
+
+def generation_field(key: str, trainer: str) -> str | None:
+    """TRL's field for the bundled `generation.<key>` with `trainer`; None when there is none."""
+    names = GENERATION_FIELDS.get(key)
+    return None if names is None else names.get(trainer, key)
