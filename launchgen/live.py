@@ -33,6 +33,7 @@ from launchgen.checks import (
     split_kernel,
 )
 from launchgen.containerchecks import ProbeUnavailable, probe_runtimes
+from launchgen.fitchecks import probe_gpu_memory
 from launchgen.hfcache import kernel_in_cache, model_in_cache
 from launchgen.issues import Issue
 from launchgen.loader import LoadedSpec
@@ -361,6 +362,7 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_sinfo(ctx, runner))
     issues.extend(probe_versions(ctx, installed_versions() if versions is None else versions))
     issues.extend(probe_gpus(ctx, runner))
+    issues.extend(probe_gpu_memory(ctx, runner))
     issues.extend(probe_ports(ctx, is_free))
     issues.extend(probe_offline(ctx))
     issues.extend(probe_setup(ctx))

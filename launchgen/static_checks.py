@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from launchgen import directives
 from launchgen.checks import Ctx, _doc, check
+from launchgen.estimate import ModelShape
 from launchgen.hfcache import ModelConfig
 from launchgen.issues import Issue, SpecError
 
@@ -78,29 +78,11 @@ def bf16_on_pre_ampere(ctx: Ctx) -> Iterator[Issue]:
                         f"{hit[1]}); bf16 needs 8.0 (Ampere), and the trainer's precision is bf16")
 
 
-def _ints(cfg: ModelConfig, *keys: str) -> dict[str, int]:
-    """The positive integer values of `keys` in config.json (or its text_config), by key."""
-    text = cfg.data.get("text_config")
-    d: dict[str, Any] = text if isinstance(text, dict) else cfg.data
-    return {k: v for k in keys if isinstance(v := d.get(k), int) and not isinstance(v, bool) and v > 0}
-
-
 def parameter_count(cfg: ModelConfig) -> int | None:
-    """A decoder's parameters from config.json (dense or mixture-of-experts), or None if the keys are missing."""
-    c = _ints(cfg, "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "head_dim",
-              "num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-    if not {"hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size"} <= c.keys():
-        return None
-    h = c["hidden_size"]
-    heads = cfg.num_attention_heads or 1
-    head_dim = c.get("head_dim", h // heads)
-    kv = (cfg.num_key_value_heads or heads) * head_dim
-    attn = 2 * h * heads * head_dim + 2 * h * kv  # q and o, k and v
-    experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
-    mlp = 3 * h * (c.get("moe_intermediate_size", c["intermediate_size"]) * experts if experts
-                   else c["intermediate_size"])
-    tied = cfg.data.get("tie_word_embeddings") is True
-    return c["num_hidden_layers"] * (attn + mlp) + c["vocab_size"] * h * (1 if tied else 2)
+    """A decoder's parameters from config.json (dense or mixture-of-experts), or None if the keys are missing;
+    the count is the memory estimate's (`launchgen.estimate.ModelShape`)."""
+    shape = ModelShape.from_config(cfg.data, cfg.source)
+    return None if shape is None else shape.parameter_count()
 
 
 def startup_estimate_s(params: int) -> int:
