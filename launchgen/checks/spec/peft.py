@@ -37,9 +37,8 @@ _doc("LG343", "error", "peft (LoRA) with DeepSpeed (train.backend deepspeed_zero
      "one process, DDP and FSDP2; ZeRO's gathers and engine checkpoints were never run with adapters (deepspeed "
      "is not in launchgen's test environment), FSDP1's flattened parameters are not gathered.",
      "Use train.backend: fsdp (FSDP2, launchgen's default fsdp_version) or ddp.")
-_doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger kernels, model.compile: true, or "
-     "generation.hf_engine: static_cache.",
-     "Turn the setting off (use_liger_kernel: false, model.compile: auto or false, hf_engine: auto or generate).")
+_doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger kernels or model.compile: true.",
+     "Turn the setting off (use_liger_kernel: false, model.compile: auto or false).")
 _doc("LG345", "warning", "peft with vLLM runtime-LoRA flags in vllm.extra_args: launchgen sends merged weights, so "
      "the server never loads an adapter and --enable-lora only reserves memory and slows decoding.",
      "Remove --enable-lora / --max-lora-rank / --max-loras from vllm.extra_args.")
@@ -119,10 +118,8 @@ def peft_combinations(ctx: Ctx) -> Iterator[Issue]:
     paths = {
         "model.use_liger_kernel": "train.use_liger_kernel" if t.use_liger_kernel else "train.args.model.use_liger_kernel",
         "model.compile": "train.args.model.compile",
-        "generation.hf_engine": "train.args.generation.hf_engine",
     }
-    for field, message in combination_errors(use_liger_kernel=liger, compile=ctx.arg("model.compile"),
-                                             hf_engine=ctx.arg("generation.hf_engine")):
+    for field, message in combination_errors(use_liger_kernel=liger, compile=ctx.arg("model.compile")):
         yield ctx.issue("LG344", paths[field], message)
 
 
