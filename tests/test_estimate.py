@@ -336,3 +336,32 @@ def test_plan_from_run_gives_gpu_hours(tmp_path: Path) -> None:
     empty.mkdir()
     r = _run("plan", str(EXAMPLE), "--from-run", str(empty))
     assert r.exit_code == 2 and "no metrics.jsonl" in r.output
+
+
+def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
+    from launchgen.checks.live.probes import Result, live_checks
+    from launchgen.loader import load_spec
+
+    spec = yaml.safe_load(_ddp_one_node(tmp_path).read_text())
+    spec["train"]["backend"] = "deepspeed_zero3"
+    spec["train"]["nodes"] = 4
+    del spec["slurm"]["gpu_type"]  # the spec says nothing: only the live probe knows the GPU
+    p = tmp_path / "live.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    asked: list[list[str]] = []
+
+    def runner(mib: str) -> Any:
+        def run(argv: list[str], timeout: float) -> Result:
+            asked.append(argv)
+            ok = argv[:2] == ["nvidia-smi", "--query-gpu=memory.total"]
+            return Result(0, mib) if ok else Result(1, "")
+        return run
+
+    issues = live_checks(load_spec(str(p)), runner=runner("24576\n24576\n"), env={}, versions={},
+                         is_free=lambda port: True)
+    [err] = [i for i in issues if i.code == "LG241"]
+    assert "24.0 GiB GPUs (nvidia-smi)" in err.message and err.line is not None
+    assert any(a[0] == "nvidia-smi" for a in asked)
+    # H100s: the ZeRO-3 layout of the example fits, nothing to say
+    issues = live_checks(load_spec(str(p)), runner=runner("81559\n"), env={}, versions={}, is_free=lambda port: True)
+    assert not [i for i in issues if i.code in ("LG240", "LG241")]
