@@ -176,7 +176,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "warning"),
     ("LG406", {"slurm": {"exclusive": False}}, "job.port_offset", "job:", 1, "warning"),
     ("LG620", {"slurm": {"gpu_type": "v100"}}, "slurm.gpu_type", "gpu_type: v100", 1, "warning"),
-    # the memory estimate (launchgen/fitchecks.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
+    # the memory estimate (launchgen/checks/spec/fit.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
     ("LG240", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}}, "vllm.tensor_parallel_size",
      "tensor_parallel_size", 1, "error"),
     ("LG241", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}, "train": {"backend": "ddp"}},
