@@ -8,7 +8,7 @@ apptainer's starter forwards signals). pyxis instead takes its options on the st
 whole step script inside the image, which must then have `bash` (every NGC image does).
 
 Whatever reaches a shell goes through the plan's words (`render.word` quotes them); this module only decides
-which words. Nothing here reads files (the checks in `launchgen.containerchecks` do).
+which words. Nothing here reads files (the checks in `launchgen.checks.spec.containers` do).
 """
 
 from __future__ import annotations

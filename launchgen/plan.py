@@ -6,7 +6,7 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted and reports
     no user error itself; LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    Every rule is a check (``launchgen/rules/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    Every rule is a check (``launchgen/checks/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
     the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
     internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
     predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
@@ -45,12 +45,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import Any
 
 import yaml
 
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
+from launchgen.checks.spec.cpuserver import cpu_server_problem
+from launchgen.checks.spec.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
@@ -88,8 +91,6 @@ from launchgen.precision import precision_conflict, resolve_precision, server_dt
 from launchgen.replicas import ReplicaPlace
 from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
-from launchgen.rules.cpuserver import cpu_server_problem
-from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
@@ -106,8 +107,17 @@ __all__ = [
 ]
 
 
+def spec_dump(spec: Spec) -> dict[str, Any]:
+    """The resolved spec as JSON data. The `estimate` section only feeds `plan`'s estimate, never the job, so
+    it is left out unless written (a spec without it resolves, and hashes, as before the section existed)."""
+    data = spec.model_dump(mode="json")
+    if "estimate" not in spec.model_fields_set:
+        data.pop("estimate", None)
+    return data
+
+
 def spec_canonical_json(spec: Spec) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return json.dumps(spec_dump(spec), sort_keys=True, separators=(",", ":"))
 
 
 def spec_hash(spec: Spec) -> str:
@@ -281,7 +291,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
                       s.cpus_per_task)
     h = spec_hash(spec)
     spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+                 + yaml.safe_dump(spec_dump(spec), sort_keys=False))
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,

@@ -33,6 +33,10 @@ HEALTH_REQUEST_TIMEOUT_S = 5
 HEALTH_CLIENT_MARGIN_S = 60
 #: Seconds between two supervisor polls.
 POLL_INTERVAL_S = 1
+#: A server that was healthy and then answers no /health probe for this long (vllm.health_timeout if shorter) is
+#: taken as hung and the job stops, naming its log: otherwise it would surface only through the trainer's request
+#: timeout (generation.vllm_server.request_timeout, 600 s by default).
+HEALTH_LOST_S = 60
 
 #: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
 RUNTIME_VARS: dict[str, str] = {
@@ -202,6 +206,11 @@ class ServerPlan:
     def srun_args(self) -> Argv:
         """Options of the server steps' `srun` lines (pyxis)."""
         return self.container.srun_args if self.container else ()
+
+    @property
+    def health_lost_after(self) -> int:
+        """Seconds without an answer to /health after which a healthy server (without restarts) counts as hung."""
+        return min(HEALTH_LOST_S, self.health_timeout)
 
     @property
     def multi_replica(self) -> bool:

@@ -525,6 +525,58 @@ class TrainSpec(_Section):
     _gpus = field_validator("gpus")(_non_negative_gpus)
 
 
+class ModelNumbers(_Section):
+    """config.json's numbers, for the estimate when the model's config.json is not local (a local one wins)."""
+
+    hidden_size: int = Field(ge=1, description="config.json `hidden_size`.")
+    num_hidden_layers: int = Field(ge=1, description="config.json `num_hidden_layers`.")
+    num_attention_heads: int = Field(ge=1, description="config.json `num_attention_heads`.")
+    num_key_value_heads: int | None = Field(default=None, ge=1, description="config.json `num_key_value_heads` "
+                                            "(default: num_attention_heads).")
+    intermediate_size: int = Field(ge=1, description="config.json `intermediate_size`.")
+    vocab_size: int = Field(ge=1, description="config.json `vocab_size`.")
+    head_dim: int | None = Field(default=None, ge=1, description="config.json `head_dim` (default: hidden_size / heads).")
+    tie_word_embeddings: bool = Field(default=False, description="config.json `tie_word_embeddings`.")
+    attention_bias: bool = Field(default=False, description="q/k/v projections have biases (Qwen2: true).")
+    max_position_embeddings: int | None = Field(default=None, ge=1,
+                                                description="config.json `max_position_embeddings` (vLLM's default "
+                                                "max_model_len).")
+
+
+class EstimateSection(_Section):
+    """Inputs of the memory, weight-sync and cost estimate (`launchgen plan`, checks LG240-LG242) that the spec
+    does not otherwise say."""
+
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0,
+        description="Memory of one GPU in GiB (nvidia-smi's memory.total / 1024). Default: from slurm.gpu_type "
+        "(a table of common GPUs: h100 79.6, h200 139.8, a100 79.2, a100_40g 39.4, l40s 45.0, ...); `check --live` "
+        "on a GPU node reads nvidia-smi.",
+    )
+    model: ModelNumbers | None = Field(
+        default=None, description="The model's config.json numbers when config.json is not in a local directory or "
+        "the local HF cache (a local config.json wins).",
+    )
+    link: Literal["nvlink", "infiniband", "ethernet"] | None = Field(
+        default=None,
+        description="The link weight syncs cross (trainer rank 0 to the server). Default: nvlink when the server "
+        "shares the first trainer node, infiniband otherwise. Effective bandwidths: nvlink 100, infiniband 25, "
+        "ethernet 5 GB/s.",
+    )
+    link_gb_per_s: float | None = Field(default=None, gt=0,
+                                        description="Effective bandwidth of a weight push in GB/s (overrides link's).")
+    step_time_s: float | None = Field(
+        default=None, gt=0,
+        description="Seconds per optimizer step, for the GPU-hours of max_steps (`plan --from-run JOBDIR` measures "
+        "it from a previous run's metrics instead).",
+    )
+    prompt_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Prompt tokens per row for the activation estimate (default: train.args.data.max_prompt_length, "
+        "else 512).",
+    )
+
+
 class Spec(_Section):
     """One file describes one job."""
 
@@ -534,6 +586,10 @@ class Spec(_Section):
     model: ModelSpec
     vllm: VLLMSpec | None = Field(default=None, description="Omit for trainers without vLLM (plain generate, SFT).")
     train: TrainSpec = Field(default_factory=TrainSpec)
+    estimate: EstimateSection = Field(
+        default_factory=EstimateSection,
+        description="Inputs of the memory, weight-sync and GPU-hour estimate that `plan` shows (all optional).",
+    )
     container: ContainerSection | None = Field(
         default=None,
         description="The job-wide container: the server's and the trainers' steps run in this image unless "

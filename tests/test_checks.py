@@ -89,6 +89,11 @@ def test_base_spec_is_clean(model_dir: Path) -> None:
 
 
 # (code, patch on the base spec, expected path, needle on the expected line, occurrence, severity)
+QWEN72 = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+          "intermediate_size": 29568, "vocab_size": 152064}
+QWEN7 = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+         "intermediate_size": 18944, "vocab_size": 152064}
+
 CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG101", {"vllm": {"gpus": [0, 1, 2, 8]}}, "vllm.gpus.3", "- 8", 1, "error"),
     ("LG102", {"vllm": {"gpus": [0, 1, 1, 2]}}, "vllm.gpus.2", "- 1", 2, "error"),
@@ -171,6 +176,14 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "warning"),
     ("LG406", {"slurm": {"exclusive": False}}, "job.port_offset", "job:", 1, "warning"),
     ("LG620", {"slurm": {"gpu_type": "v100"}}, "slurm.gpu_type", "gpu_type: v100", 1, "warning"),
+    # the memory estimate (launchgen/checks/spec/fit.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
+    ("LG240", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}}, "vllm.tensor_parallel_size",
+     "tensor_parallel_size", 1, "error"),
+    ("LG241", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}, "train": {"backend": "ddp"}},
+     "train.backend", "backend: ddp", 1, "error"),
+    ("LG242", {"estimate": {"model": QWEN7, "gpu_memory_gib": 80},
+               "vllm": {"max_model_len": 4096, "kv_cache_memory_bytes": 90_000_000}},
+     "vllm.max_model_len", "max_model_len", 1, "warning"),
     ("LG501", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
                         "nodes": 1}}, "vllm.nodes", "nodes: 1", 1, "error"),
     ("LG502", {"train": {"args": {"generation": {"vllm_colocate": {"gpu_memory_utilization": 0.5}}}}},
@@ -244,6 +257,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG806", {"slurm": {"signal_grace": 0}}, "slurm.signal_grace", "signal_grace", 1, "info"),
     ("LG807", {"slurm": {"env": {"trainer": {"CUDA_VISIBLE_DEVICES": "0"}}}},
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
+    ("LG810", {"slurm": {"env": {"all": {"SHELLOPTS": "errexit"}}}}, "slurm.env.all.SHELLOPTS", "SHELLOPTS", 1,
+     "error"),
+    ("LG812", {"slurm": {"exclusive": False, "extra_directives": ["--cpus-per-gpu=2"]}}, "slurm.extra_directives.0",
+     "- --cpus-per-gpu=2", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
     ("LG901", {"train": {"args": {"learning_rate": -1}}}, "train.args.learning_rate", "learning_rate", 1, "error"),

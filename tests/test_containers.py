@@ -24,8 +24,8 @@ import yaml
 from chimage import build_image, ch_run
 from render_cases import plan_for
 
-from launchgen import containerchecks
 from launchgen.checks import Ctx
+from launchgen.checks.spec import containers as containerchecks
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
@@ -302,7 +302,7 @@ def test_live_probe_says_what_it_probed() -> None:
 
 def test_live_probe_through_check_live_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`check --live` with charliecloud probes the real PATH (ch-run is installed here, apptainer is not)."""
-    from launchgen.live import live_checks
+    from launchgen.checks.live.probes import live_checks
 
     ch_run()
     spec = _base(container={"runtime": "charliecloud", "image": "/img"},

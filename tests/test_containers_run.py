@@ -11,7 +11,6 @@ reaches the processes inside, which stop and leave nothing behind.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from launchgen import live
+from launchgen.checks.live import probes as live
+from launchgen.checks.live.probes import ProbeSkipped, Result, gpus_in_gres, live_checks
 from launchgen.cli import main
 from launchgen.issues import Issue
-from launchgen.live import ProbeSkipped, Result, gpus_in_gres, live_checks
 from launchgen.loader import load_spec_text
 
 SPEC = """\

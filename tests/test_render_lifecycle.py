@@ -330,6 +330,26 @@ def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Pa
     assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stdout
     assert "metrics: launchgen-runs/local/trainer/metrics.jsonl" in res.stdout
 
+    # again, into the finished job directory: it says nothing was trained, never shows the old metrics as new
+    again = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "training was already complete before this run" in again.stderr, again.stderr[-3000:]
+    assert "launchgen: training complete" not in again.stderr
+    assert "no step was trained in this run" in again.stdout and "metrics: " not in again.stdout, again.stdout
+
+    # a changed trainer config into it: the trainer refuses (exit 2); the script says so and why, never "complete"
+    spec = ex / "local-cpu-quickstart.yaml"
+    spec.write_text(spec.read_text().replace("max_completion_length: 16", "max_completion_length: 12"))
+    refused = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "the trainer refused this run" in refused.stderr and "the trainer says:" in refused.stderr, \
+        refused.stderr[-3000:]
+    assert "max_completion_length" in refused.stderr and "training complete" not in refused.stderr, \
+        refused.stderr[-3000:]
+    assert "max_completion_length: 12" not in (tmp_path / "launchgen-runs/local/spec.yaml").read_text()
+
 
 def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
     """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""

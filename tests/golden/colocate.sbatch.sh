@@ -78,6 +78,9 @@ LG_LOG_DIR=$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT
 LAUNCHGEN_PID_DIR=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/pids
 mkdir -p -- "$LG_LOG_DIR" "$LAUNCHGEN_PID_DIR" "$LG_JOB_DIR/steps" "$LG_JOB_DIR/trainer"
 LG_EVENTS=$LG_LOG_DIR/events.log
+# written once, now: a completion marker older than this is an earlier run's
+LG_STARTED=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/started
+: >"$LG_STARTED"
 LG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
 LG_ACCELERATE_CONFIG=$LG_JOB_DIR/accelerate.yaml
 LG_TRAINER_CONFIG=$LG_JOB_DIR/trainer.yaml
@@ -94,6 +97,21 @@ lg_event() {
 lg_event "start job=$LG_JOB_ID attempt=$LG_ATTEMPT restart_count=$LG_RESTART_COUNT spec_sha256=$LG_SPEC_HASH"
 lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
 
+# ---- a re-run into a used job directory: the previous run's records are kept aside until the trainer accepts
+# this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
+lg_keep_records() {
+  local f
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh job.sbatch; do
+    if [[ -f $1/$f ]]; then
+      mkdir -p -- "$(dirname -- "$2/$f")"
+      cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
+    fi
+  done
+}
+LG_PREV_RECORDS=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/previous
+if [[ -f $LG_JOB_DIR/spec.yaml ]]; then
+  lg_keep_records "$LG_JOB_DIR" "$LG_PREV_RECORDS"
+fi
 # ---- the resolved spec, trainer and accelerate configs, step scripts and plan: written verbatim (quoted
 # heredocs expand nothing), so the job directory records exactly what ran
 cat >"$LG_JOB_DIR"/spec.yaml <<'LAUNCHGEN_EOF_0245D91D9C69B646'
@@ -186,7 +204,7 @@ train:
 container: null
 LAUNCHGEN_EOF_0245D91D9C69B646
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6D8A04D13E7F05ED'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_94D68CF67E379DC3'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -222,7 +240,7 @@ generation:
   backend: vllm_colocate
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -280,6 +298,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 300
 num_train_epochs: null
@@ -298,7 +317,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_6D8A04D13E7F05ED
+LAUNCHGEN_EOF_94D68CF67E379DC3
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE
@@ -420,12 +439,16 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_6A733273431723A1'
 }
 LAUNCHGEN_EOF_6A733273431723A1
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_A2D8540020E08DE5'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_0A3A7DD57271FEFA'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 8 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
 LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
 exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
+# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
+# first line (children inherit it), so the server never dies of it; the trainer processes install their own
+# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
+trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.tmp"
@@ -526,9 +549,8 @@ LAUNCHGEN_COLOCATE_MASTER_PORT="$LG_COLOCATE_MASTER_PORT"
 export LAUNCHGEN_COLOCATE_MASTER_PORT
 
 lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-# USR2 is ignored from here on, and children inherit that: accelerate launch would die of it. The trainer
-# processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
-trap '' USR2
+# USR2 is ignored (since the first line), and children inherit that: accelerate launch would die of it. The
+# trainer processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
@@ -551,7 +573,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_A2D8540020E08DE5
+LAUNCHGEN_EOF_0A3A7DD57271FEFA
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -708,7 +730,7 @@ lg_stop_all() {
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
 lg_on_signal() {
-  trap - TERM INT
+  trap - TERM INT HUP
   lg_event "signal $1"
   lg_log "received SIG$1: stopping everything"
   LG_FINISHED=1
@@ -735,6 +757,8 @@ lg_on_usr2() {
 trap lg_on_exit EXIT
 trap 'lg_on_signal TERM 143' TERM
 trap 'lg_on_signal INT 130' INT
+# a hang-up (the terminal closed) ends the run like TERM, and as a failure: nothing completed
+trap 'lg_on_signal HUP 129' HUP
 trap lg_on_usr2 USR2
 
 # ---- trainer step: starts while the server is still loading (both load their weights at once); the
@@ -750,6 +774,9 @@ LG_TRAINER_PID=$!
 # ---- watch both sides every 1 s
 LG_RC=0
 LG_TRAINER_FAILED=0
+# the trainer checkpointed on a signal and exited 75 by itself (USR2 sent to the job's steps, not to this
+# script, reaches the trainer processes directly): the job requeues as after its own USR2
+LG_PREEMPTED=0
 # the log of the trainer node whose trainer failed (its exit file), else the first trainer node's
 lg_failed_trainer_log() {
   local -a nodes
@@ -774,7 +801,9 @@ while :; do
     lg_event "trainer_exit status=$LG_RC"
     lg_log "the trainer exited with status $LG_RC"
     # 75: it checkpointed on a signal and stopped (requeue or re-run to resume), not a failure
-    if ((LG_RC != 0 && LG_RC != 75)); then
+    if ((LG_RC == 75)); then
+      LG_PREEMPTED=1
+    elif ((LG_RC != 0)); then
       LG_TRAINER_FAILED=1
     fi
     break
@@ -794,10 +823,14 @@ done
 lg_stop_all
 
 # ---- completion and requeue
-if [[ -f $LG_COMPLETE_MARKER ]]; then
+if ((LG_RC == 0)) && [[ -f $LG_COMPLETE_MARKER ]]; then
   lg_event "complete"
-  lg_log "training complete ($LG_COMPLETE_MARKER)"
-elif ((LG_USR2)); then
+  if [[ $LG_COMPLETE_MARKER -ot $LG_STARTED ]]; then
+    lg_log "training was already complete before this run ($LG_COMPLETE_MARKER): nothing was trained; the metrics in $LG_TRAINER_OUTPUT are the earlier run's"
+  else
+    lg_log "training complete ($LG_COMPLETE_MARKER)"
+  fi
+elif ((LG_USR2 || LG_PREEMPTED)); then
   if ((LG_RESTART_COUNT < 3)); then
     lg_event "requeue restart=$((LG_RESTART_COUNT + 1))"
     lg_log "not complete: requeueing (restart $((LG_RESTART_COUNT + 1)) of 3); the next attempt resumes from the last checkpoint"
@@ -807,8 +840,22 @@ elif ((LG_USR2)); then
     lg_log "not complete, but slurm.max_restarts (3) is reached: not requeueing"
   fi
 fi
+if ((LG_RC == 2)) && [[ -d $LG_PREV_RECORDS ]]; then
+  # nothing of this run was trained: the job directory describes the run its checkpoints belong to again
+  lg_keep_records "$LG_JOB_DIR" "$LG_LOG_DIR/refused"
+  lg_keep_records "$LG_PREV_RECORDS" "$LG_JOB_DIR"
+  lg_log "ERROR: the trainer refused this run (exit 2; its reason is in its log, named below); the job directory's spec, configs and script are the previous run's again, this run's are in $LG_LOG_DIR/refused"
+fi
 # the job's last line says where the trainer's error is (a server failure has named the server's log already)
 if ((LG_TRAINER_FAILED)); then
-  lg_log "ERROR: the trainer failed (exit status $LG_RC); see $(lg_failed_trainer_log)"
+  LG_FAILED_LOG=$(lg_failed_trainer_log)
+  # the trainer's own reason, here too (a refused resume, a bad config): its `error: ...` line, else the last
+  # line naming an error (a traceback's)
+  LG_REASON=$(grep -m 1 -E '^(error|ERROR):' -- "$LG_FAILED_LOG" 2>/dev/null) ||
+    LG_REASON=$(grep -E 'Error|ERROR' -- "$LG_FAILED_LOG" 2>/dev/null | tail -n 1) || true
+  if [[ -n $LG_REASON ]]; then
+    lg_log "the trainer says: ${LG_REASON:0:2000}"
+  fi
+  lg_log "ERROR: the trainer failed (exit status $LG_RC); see $LG_FAILED_LOG"
 fi
 exit "$LG_RC"

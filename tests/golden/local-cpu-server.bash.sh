@@ -68,6 +68,9 @@ LG_LOG_DIR=$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT
 LAUNCHGEN_PID_DIR=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/pids
 mkdir -p -- "$LG_LOG_DIR" "$LAUNCHGEN_PID_DIR" "$LG_JOB_DIR/steps" "$LG_JOB_DIR/trainer"
 LG_EVENTS=$LG_LOG_DIR/events.log
+# written once, now: a completion marker older than this is an earlier run's
+LG_STARTED=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/started
+: >"$LG_STARTED"
 LG_RESTART_COUNT=$LG_ATTEMPT
 LG_ACCELERATE_CONFIG=$LG_JOB_DIR/accelerate.yaml
 LG_TRAINER_CONFIG=$LG_JOB_DIR/trainer.yaml
@@ -84,6 +87,21 @@ lg_event() {
 lg_event "start job=$LG_JOB_ID attempt=$LG_ATTEMPT restart_count=$LG_RESTART_COUNT spec_sha256=$LG_SPEC_HASH"
 lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
 
+# ---- a re-run into a used job directory: the previous run's records are kept aside until the trainer accepts
+# this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
+lg_keep_records() {
+  local f
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/server.sh job.sh; do
+    if [[ -f $1/$f ]]; then
+      mkdir -p -- "$(dirname -- "$2/$f")"
+      cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
+    fi
+  done
+}
+LG_PREV_RECORDS=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/previous
+if [[ -f $LG_JOB_DIR/spec.yaml ]]; then
+  lg_keep_records "$LG_JOB_DIR" "$LG_PREV_RECORDS"
+fi
 # ---- the resolved spec, trainer and accelerate configs, step scripts and plan: written verbatim (quoted
 # heredocs expand nothing), so the job directory records exactly what ran
 cat >"$LG_JOB_DIR"/spec.yaml <<'LAUNCHGEN_EOF_82F1E824071C84F0'
@@ -186,7 +204,7 @@ train:
 container: null
 LAUNCHGEN_EOF_82F1E824071C84F0
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_3048259E772CBE4A'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7A6EB60C94D8210B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -227,7 +245,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 16
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -302,6 +320,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 4
 num_train_epochs: null
@@ -319,7 +338,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_3048259E772CBE4A
+LAUNCHGEN_EOF_7A6EB60C94D8210B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
@@ -483,12 +502,16 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_4D5EC6A2B645E568'
 }
 LAUNCHGEN_EOF_4D5EC6A2B645E568
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_662ED544B44A0491'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_3648F9EC982ACCCB'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
+# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
+# first line (children inherit it), so the server never dies of it; the trainer processes install their own
+# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
+trap '' USR2
 
 # timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
 lg_log() {
@@ -529,9 +552,8 @@ LAUNCHGEN_NODE_NAME="$LG_NODE"
 export LAUNCHGEN_NODE_NAME
 
 lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-# USR2 is ignored from here on, and children inherit that: accelerate launch would die of it. The trainer
-# processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
-trap '' USR2
+# USR2 is ignored (since the first line), and children inherit that: accelerate launch would die of it. The
+# trainer processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
@@ -554,7 +576,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_662ED544B44A0491
+LAUNCHGEN_EOF_3648F9EC982ACCCB
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -581,12 +603,16 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_EB9C35181DC7D15C'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_0419B310D4159E89'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 1 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
+# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
+# first line (children inherit it), so the server never dies of it; the trainer processes install their own
+# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
+trap '' USR2
 
 # timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
 lg_log() {
@@ -632,7 +658,7 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_EB9C35181DC7D15C
+LAUNCHGEN_EOF_0419B310D4159E89
 
 if [[ -f ${BASH_SOURCE[0]:-} ]]; then
   cp -- "${BASH_SOURCE[0]}" "$LG_JOB_DIR/job.sh"
@@ -727,6 +753,8 @@ lg_stop() {
   if kill -0 "$pid" 2>/dev/null; then
     lg_log "stopping the $name (TERM, then KILL after 30 s)"
     lg_term "$role" "$pid"
+    # a stopped process (SIGSTOP, a debugger) acts on TERM only once it runs again
+    kill -s CONT -- "-$pid" 2>/dev/null || true
     for ((i = 0; i < 30; i++)); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 1
@@ -748,7 +776,7 @@ lg_stop_all() {
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
 lg_on_signal() {
-  trap - TERM INT
+  trap - TERM INT HUP
   lg_event "signal $1"
   lg_log "received SIG$1: stopping everything"
   LG_FINISHED=1
@@ -762,6 +790,8 @@ lg_on_exit() {
     lg_stop_all
   fi
   lg_event "exit status=$rc"
+  # the steps are stopped: the watcher has nothing left to do
+  rm -f -- "$LG_STEP_PGIDS"
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
 lg_on_usr2() {
@@ -772,9 +802,33 @@ lg_on_usr2() {
   # accelerate launch neither forwards USR2 nor survives it, so the trainer processes are signalled by PID
   lg_signal_trainers USR2 &
 }
+# The steps run in sessions of their own (setsid), so nothing would stop them if this script died without running
+# its traps (SIGKILL, the OOM killer). A watcher in a session of its own waits for this script to end; unless the
+# EXIT trap stopped the steps (it removes the list), it stops each step's process group (TERM, then KILL after
+# 30 s) and records the end the script could not.
+LG_STEP_PGIDS=$LAUNCHGEN_PID_DIR/step-pgids
+: >"$LG_STEP_PGIDS"
+# shellcheck disable=SC2016  # the watcher's bash expands them, from its arguments
+setsid bash -c '
+  while kill -0 "$1" 2>/dev/null; do sleep 1; done
+  [[ -f $2 ]] || exit 0
+  mapfile -t groups <"$2"
+  for g in "${groups[@]}"; do kill -s TERM -- "-$g" 2>/dev/null; done
+  for ((i = 0; i < $4; i++)); do
+    alive=0
+    for g in "${groups[@]}"; do kill -0 -- "-$g" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 1
+  done
+  for g in "${groups[@]}"; do kill -s KILL -- "-$g" 2>/dev/null; done
+  TZ=UTC printf -v ts "%(%Y-%m-%dT%H:%M:%SZ)T" -1
+  printf "%s signal KILL\n%s exit status=137\n" "$ts" "$ts" >>"$3"
+  rm -f -- "$2"' lg_watch "$$" "$LG_STEP_PGIDS" "$LG_EVENTS" 30 </dev/null >/dev/null 2>&1 &
 trap lg_on_exit EXIT
 trap 'lg_on_signal TERM 143' TERM
 trap 'lg_on_signal INT 130' INT
+# a hang-up (the terminal closed) ends the run like TERM, and as a failure: nothing completed
+trap 'lg_on_signal HUP 129' HUP
 trap lg_on_usr2 USR2
 
 # ---- vLLM server step: 1 node(s), TP 1 x DP 1; log: $LG_LOG_DIR/server-<node>.log
@@ -782,6 +836,7 @@ lg_event "server_start nodes=$LG_SERVER_NODES"
 # own session and process group, so stopping it stops the whole tree
 setsid bash "$LG_JOB_DIR/steps/server.sh" </dev/null &
 LG_SERVER_PID=$!
+echo "$LG_SERVER_PID" >>"$LG_STEP_PGIDS"
 
 # ---- trainer step: starts while the server is still loading (both load their weights at once); the
 # trainer's client waits for /health itself before its first generation. log: $LG_LOG_DIR/trainer-<node>.log
@@ -789,11 +844,15 @@ lg_event "trainer_start nodes=$LG_TRAIN_NODES"
 # own session and process group, so stopping it stops the whole tree
 setsid bash "$LG_JOB_DIR/steps/trainer.sh" </dev/null &
 LG_TRAINER_PID=$!
+echo "$LG_TRAINER_PID" >>"$LG_STEP_PGIDS"
 
 
 # ---- watch both sides and the server's health every 1 s
 LG_RC=0
 LG_TRAINER_FAILED=0
+# the trainer checkpointed on a signal and exited 75 by itself (USR2 sent to the job's steps, not to this
+# script, reaches the trainer processes directly): the job requeues as after its own USR2
+LG_PREEMPTED=0
 # the log of the trainer node whose trainer failed (its exit file), else the first trainer node's
 lg_failed_trainer_log() {
   local -a nodes
@@ -811,6 +870,7 @@ lg_failed_trainer_log() {
 }
 LG_HEALTH_URL="http://$LG_SERVER_HOST:$LG_SERVER_PORT/health"
 LG_HEALTHY=0
+LG_LAST_OK=0
 LG_HEALTH_DEADLINE=$((SECONDS + 300))
 # one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s. Bash's own /dev/tcp in a child
 # bash, not python3: it runs for every replica every poll; `timeout` also bounds the connect, which bash cannot
@@ -862,7 +922,9 @@ while :; do
     lg_event "trainer_exit status=$LG_RC"
     lg_log "the trainer exited with status $LG_RC"
     # 75: it checkpointed on a signal and stopped (requeue or re-run to resume), not a failure
-    if ((LG_RC != 0 && LG_RC != 75)); then
+    if ((LG_RC == 75)); then
+      LG_PREEMPTED=1
+    elif ((LG_RC != 0)); then
       LG_TRAINER_FAILED=1
     fi
     break
@@ -870,6 +932,7 @@ while :; do
   if ((LG_HEALTHY == 0)); then
     if lg_healthy "$LG_HEALTH_URL"; then
       LG_HEALTHY=1
+      LG_LAST_OK=$SECONDS
       lg_event "server_healthy after=${SECONDS}s"
       lg_log "the vLLM server is healthy ($LG_HEALTH_URL)"
     elif ((SECONDS >= LG_HEALTH_DEADLINE)); then
@@ -879,6 +942,15 @@ while :; do
       LG_RC=1
       break
     fi
+  elif lg_healthy "$LG_HEALTH_URL"; then
+    LG_LAST_OK=$SECONDS
+  elif ((SECONDS - LG_LAST_OK >= 60)); then
+    # alive but silent: a hung server would otherwise surface only through the trainer's request timeout
+    lg_fail "health_lost" "the vLLM server stopped answering $LG_HEALTH_URL during training (no answer for 60 s); see $LG_SERVER_LOG"
+    LG_FINISHED=1
+    lg_stop_all
+    LG_RC=1
+    break
   fi
   if ((LG_USR2 && SECONDS >= LG_USR2_DEADLINE)); then
     # USR2 did not end the trainer (e.g. it was still loading, with no pid file yet): TERM makes it checkpoint
@@ -895,14 +967,32 @@ done
 lg_stop_all
 
 # ---- completion and requeue
-if [[ -f $LG_COMPLETE_MARKER ]]; then
+if ((LG_RC == 0)) && [[ -f $LG_COMPLETE_MARKER ]]; then
   lg_event "complete"
-  lg_log "training complete ($LG_COMPLETE_MARKER)"
-elif ((LG_USR2)); then
+  if [[ $LG_COMPLETE_MARKER -ot $LG_STARTED ]]; then
+    lg_log "training was already complete before this run ($LG_COMPLETE_MARKER): nothing was trained; the metrics in $LG_TRAINER_OUTPUT are the earlier run's"
+  else
+    lg_log "training complete ($LG_COMPLETE_MARKER)"
+  fi
+elif ((LG_USR2 || LG_PREEMPTED)); then
   lg_log "stopped by USR2 before training completed: run this script again to resume from the last checkpoint"
+fi
+if ((LG_RC == 2)) && [[ -d $LG_PREV_RECORDS ]]; then
+  # nothing of this run was trained: the job directory describes the run its checkpoints belong to again
+  lg_keep_records "$LG_JOB_DIR" "$LG_LOG_DIR/refused"
+  lg_keep_records "$LG_PREV_RECORDS" "$LG_JOB_DIR"
+  lg_log "ERROR: the trainer refused this run (exit 2; its reason is in its log, named below); the job directory's spec, configs and script are the previous run's again, this run's are in $LG_LOG_DIR/refused"
 fi
 # the job's last line says where the trainer's error is (a server failure has named the server's log already)
 if ((LG_TRAINER_FAILED)); then
-  lg_log "ERROR: the trainer failed (exit status $LG_RC); see $(lg_failed_trainer_log)"
+  LG_FAILED_LOG=$(lg_failed_trainer_log)
+  # the trainer's own reason, here too (a refused resume, a bad config): its `error: ...` line, else the last
+  # line naming an error (a traceback's)
+  LG_REASON=$(grep -m 1 -E '^(error|ERROR):' -- "$LG_FAILED_LOG" 2>/dev/null) ||
+    LG_REASON=$(grep -E 'Error|ERROR' -- "$LG_FAILED_LOG" 2>/dev/null | tail -n 1) || true
+  if [[ -n $LG_REASON ]]; then
+    lg_log "the trainer says: ${LG_REASON:0:2000}"
+  fi
+  lg_log "ERROR: the trainer failed (exit status $LG_RC); see $LG_FAILED_LOG"
 fi
 exit "$LG_RC"

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.slurm
 MARKER = "etc/launchgen-test-image"
 
 
-def _contained(cluster: Cluster, work: Path, spec: dict[str, Any]) -> dict[str, Any]:
+def _contained(cluster: Cluster, workdir: Path, spec: dict[str, Any]) -> dict[str, Any]:
     ch_run()
     mounts = host_mounts(cluster.python)
-    image = build_image(work / "image", mounts)
+    image = build_image(workdir / "image", mounts)
     assert str(image).startswith("/tmp/"), "the job's files must lie below /tmp, which ch-run binds from the host"
     spec["container"] = {"runtime": "charliecloud", "image": str(image), "mounts": mounts}
     # the HF cache the script mounts: below /tmp, which ch-run binds (the image has no /root/.cache)
-    spec["slurm"]["setup"].append(f"export HF_HOME={work / 'hf'}")
+    spec["slurm"]["setup"].append(f"export HF_HOME={workdir / 'hf'}")
     return spec
 
 
@@ -61,8 +61,9 @@ def _server_pids(model: Path) -> list[int]:
     return out
 
 
-def test_charliecloud_roles_complete_inside_the_image(cluster: Cluster, work: Path, jobs: list[Job],
-                                                      shared_tiny_model: Path, prompts_file: Path) -> None:
+def test_charliecloud_roles_complete_inside_the_image(
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+) -> None:
     assert cluster.local, "the in-image evidence reads /proc of the nodes: a local cluster"
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-happy",
                                               port=18900, max_steps=3,
@@ -87,8 +88,9 @@ def test_charliecloud_roles_complete_inside_the_image(cluster: Cluster, work: Pa
     assert_no_survivors(cluster, j)
 
 
-def test_charliecloud_scancel_leaves_nothing(cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path,
-                                             prompts_file: Path) -> None:
+def test_charliecloud_scancel_leaves_nothing(
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+) -> None:
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-kill",
                                               port=18920, max_steps=100000))
     j = run_job(cluster, spec, work)
@@ -105,8 +107,9 @@ def test_charliecloud_scancel_leaves_nothing(cluster: Cluster, work: Path, jobs:
              or None, 15)
 
 
-def test_charliecloud_usr2_checkpoints_requeues_and_resumes(cluster: Cluster, work: Path, jobs: list[Job],
-                                                            shared_tiny_model: Path, prompts_file: Path) -> None:
+def test_charliecloud_usr2_checkpoints_requeues_and_resumes(
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+) -> None:
     max_steps = 8
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-requeue",
                                               port=18940, max_steps=max_steps, signal_grace=60, max_restarts=1,
