@@ -370,3 +370,34 @@ def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
     # H100s: the ZeRO-3 layout of the example fits, nothing to say
     issues = live_checks(load_spec(str(p)), runner=runner("81559\n"), env={}, versions={}, is_free=lambda port: True)
     assert not [i for i in issues if i.code in ("LG240", "LG241")]
+
+
+def _estimate_of(path: Path, **extra: Any) -> Any:
+    from launchgen.estimate_spec import estimate
+    from launchgen.loader import load_spec_text
+    from launchgen.checks.context import Ctx
+
+    spec = yaml.safe_load(path.read_text())
+    for section, values in extra.items():
+        spec.setdefault(section, {}).update(values)
+    spec["estimate"] = {"model": {k: v for k, v in QWEN25_7B.items() if k not in ("model_type",)},
+                        "gpu_memory_gib": 79.6}
+    ctx = Ctx(load_spec_text(yaml.safe_dump(spec), "s.yaml"), env={})
+    return estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout)
+
+
+def test_colocate_gives_vllm_its_share_unless_it_sleeps() -> None:
+    sleeping = _estimate_of(REPO / "examples" / "colocate.yaml")
+    assert sleeping.server.role == "vLLM (colocated)" and sleeping.sync is None  # weights shared in-process
+    assert sleeping.trainer.budget_gib == pytest.approx(79.6)  # sleep mode frees vLLM's memory to train
+    awake = _estimate_of(REPO / "examples" / "colocate.yaml", vllm={"enable_sleep_mode": False})
+    assert awake.trainer.budget_gib == pytest.approx(79.6 * (1 - 0.3))
+    # RLOO's KL (beta 0.05) without LoRA keeps a reference copy
+    assert any(p.name == "reference model" for p in awake.trainer.parts)
+
+
+def test_sft_estimates_max_length_rows_and_no_server() -> None:
+    e = _estimate_of(REPO / "examples" / "sft-no-vllm.yaml")
+    assert e.server is None and e.sync is None
+    assert e.trainer_setup.prompt_tokens + e.trainer_setup.completion_tokens == 1024  # sft's max_length default
+    assert e.trainer_setup.tokens_per_pass == 4 * 1024
