@@ -373,9 +373,9 @@ def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
 
 
 def _estimate_of(path: Path, **extra: Any) -> Any:
+    from launchgen.checks.context import Ctx
     from launchgen.estimate_spec import estimate
     from launchgen.loader import load_spec_text
-    from launchgen.checks.context import Ctx
 
     spec = yaml.safe_load(path.read_text())
     for section, values in extra.items():

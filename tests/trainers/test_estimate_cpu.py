@@ -76,8 +76,9 @@ def test_state_bytes_match_the_trainer_after_a_step(tmp_path: Path, tiny_model_d
 
 
 def test_a_real_run_logs_step_times_that_plan_from_run_reads(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from launchgen.jobfiles import read_step_times
     from toy_runs import run_cfg
+
+    from launchgen.jobfiles import read_step_times
 
     job = tmp_path / "job"
     cfg = toy_cfg(tmp_path, tiny_model_dir, "job/trainer", "grpo", num_generations=8, max_steps=3)
