@@ -108,8 +108,3 @@ def server_container_unused(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is not None and v.container is not None and v.mode != "server":
         yield ctx.issue("LG259", "vllm.container", f"vllm.mode is {v.mode}: there is no server step to contain")
-
-
-# --- check --live ---------------------------------------------------------------------------------------------
-
-
