@@ -344,7 +344,8 @@ def test_plan_from_run_gives_gpu_hours(tmp_path: Path) -> None:
 
 
 def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
-    from launchgen.checks.live.probes import Result, live_checks
+    from launchgen.checks.live.command import Result
+    from launchgen.checks.live.probes import live_checks
     from launchgen.loader import load_spec
 
     spec = yaml.safe_load(_ddp_one_node(tmp_path).read_text())
