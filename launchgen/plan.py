@@ -6,7 +6,7 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted and reports
     no user error itself; LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    Every rule is a check (``launchgen/rules/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    Every rule is a check (``launchgen/checks/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
     the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
     internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
     predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
@@ -52,6 +52,8 @@ import yaml
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
+from launchgen.checks.spec.cpuserver import cpu_server_problem
+from launchgen.checks.spec.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
@@ -89,8 +91,6 @@ from launchgen.precision import precision_conflict, resolve_precision, server_dt
 from launchgen.replicas import ReplicaPlace
 from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
-from launchgen.rules.cpuserver import cpu_server_problem
-from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig

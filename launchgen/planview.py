@@ -196,10 +196,10 @@ def _runs(labels: list[str]) -> list[str]:
     return items
 
 
-def gpu_map_compact(plan: Plan) -> list[list[str]]:
+def gpu_map_compact(plan: Plan, table: Table | None = None) -> list[list[str]]:
     """The GPU map one node a record, runs of GPUs as whole items: what a narrow console gets instead of the
-    table (a GPU column each does not fit 80 columns on an 8-GPU node)."""
-    table = gpu_map(plan)
+    table (a GPU column each does not fit 80 columns on an 8-GPU node). `table`: the plan's `gpu_map`."""
+    table = table if table is not None else gpu_map(plan)
     cols = [[Text.from_markup(c).plain if isinstance(c, str) else str(c) for c in col.cells] for col in table.columns]
     rows = []
     for r in range(len(cols[0]) if cols else 0):
@@ -216,6 +216,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         console = tables.console()
     for line in summary_lines(plan):
         print_text(console, line)
-    print_table(console, gpu_map(plan), compact=gpu_map_compact(plan))
+    gpus = gpu_map(plan)
+    print_table(console, gpus, compact=None if tables.fits(console, gpus) else gpu_map_compact(plan, gpus))
     for table in (port_table(plan), endpoint_table(plan), env_table(plan), command_table(plan)):
         print_table(console, table)

@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import IO
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -67,19 +68,39 @@ def print_text(console: Console, text: str, indent: str = "    ") -> None:
     """One logical line, wrapped at word boundaries to the console's width; control characters (from a spec
     or a log) are shown as escapes, never sent to the terminal."""
     for line in wrap(visible(text), console.width, indent):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.out(line, highlight=False)
 
 
 def print_items(console: Console, items: Sequence[str], first: str = "", indent: str = "    ") -> None:
     """A record of whole items (`wrap_items`), with control characters shown as escapes."""
     for line in wrap_items([visible(i) for i in items], console.width, visible(first), indent):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.out(line, highlight=False)
+
+
+def natural_width(table: Table) -> int:
+    """The width rich draws `table` at when nothing limits it: its widest plain cell per column (header
+    included), the cells' padding and the box's rules. Counted from the text: rich's own measurement of a
+    64-node plan's tables takes most of `plan`'s run time (tests/test_tables_width.py checks they agree)."""
+    left, right = table.padding[3], table.padding[1]
+    width = 0
+    for col in table.columns:
+        cells = [_plain(col.header), *(_plain(c) for c in col.cells)]
+        width += max((max((cell_len(line) for line in c.split("\n")), default=0) for c in cells), default=0)
+        width += left + right
+    rules = 0
+    if table.box is not None:  # a rule between columns, and one at each edge
+        rules = len(table.columns) - 1 + (2 if table.show_edge else 0)
+    return width + rules
+
+
+def measured_width(console: Console, table: Table) -> int:
+    """rich's own measurement (without the console's limit, which rich would clamp it to)."""
+    return Measurement.get(console, console.options.update_width(1 << 16), table).maximum
 
 
 def fits(console: Console, table: Table) -> bool:
-    """Drawn at its natural width (measured without the console's limit, which rich would clamp it to)."""
-    natural = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
-    return natural <= console.width
+    """Drawn at its natural width."""
+    return natural_width(table) <= console.width
 
 
 def _plain(cell: object) -> str:

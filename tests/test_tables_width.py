@@ -96,3 +96,16 @@ def test_status_tables_fit_80_columns(tmp_path: Path) -> None:
         r = CliRunner().invoke(main, ["status", "local", "--job-dir", str(job)], env={"COLUMNS": str(width)})
         assert r.exit_code in (0, 3), r.output
         assert widest(r.stdout) <= width, r.stdout
+
+
+def test_counted_width_is_riches_own_measurement(tmp_path: Path) -> None:
+    """`tables.fits` counts a table's width from its text instead of asking rich (which took most of a 64-node
+    `plan`); both must agree on every table launchgen prints."""
+    from launchgen import planview
+
+    con = Console(file=io.StringIO(), width=80)
+    for example in EXAMPLES:
+        plan = plan_of(example)
+        for table in (planview.gpu_map(plan), planview.port_table(plan), planview.endpoint_table(plan),
+                      planview.env_table(plan), planview.command_table(plan)):
+            assert tables.natural_width(table) == tables.measured_width(con, table), (example.name, table.title)

@@ -173,6 +173,9 @@ class Trainer:
             if self.objective.needs_reference:
                 ref = lora.AdapterOffReference(self.model, acc)
         self.ref_model = ref
+        from launchgen.trainers import memory_budget
+
+        self.memory_choice = memory_budget.apply(cfg, self.model, ref, acc)
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

@@ -55,21 +55,18 @@ def _measured(job_dir: str) -> Measured:
 def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
     measured = _measured(from_run) if from_run is not None else None
     loaded, plan = load_and_check(spec, strict=strict)
+    from launchgen.checks.context import Ctx
     from launchgen.estimate_spec import estimate
-    from launchgen.rules.context import Ctx
 
     ctx = Ctx(loaded)
     est = estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, measured=measured)
     if fmt == "json":
         click.echo(json.dumps({**plan.to_json(), "estimate": est.to_json()}, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-
+    from launchgen import tables
     from launchgen.estimateview import print_estimate
     from launchgen.planview import print_plan
 
-    print_plan(plan)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 100))
+    console = tables.console()  # the terminal's width, COLUMNS, else 80: as every table of the plan
+    print_plan(plan, console)
     print_estimate(est, console)

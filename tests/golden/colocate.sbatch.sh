@@ -205,7 +205,7 @@ train:
 container: null
 LAUNCHGEN_EOF_1AD4F84D99D03475
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6D8A04D13E7F05ED'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_94D68CF67E379DC3'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: rloo
 output_dir: launchgen-runs/%j/trainer
@@ -241,7 +241,7 @@ generation:
   backend: vllm_colocate
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -299,6 +299,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 300
 num_train_epochs: null
@@ -317,7 +318,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_6D8A04D13E7F05ED
+LAUNCHGEN_EOF_94D68CF67E379DC3
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_03CFE7D3EFAD0945'
 compute_environment: LOCAL_MACHINE

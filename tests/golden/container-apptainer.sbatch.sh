@@ -232,7 +232,7 @@ train:
 container: null
 LAUNCHGEN_EOF_1242658BD374D12A
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B8B862ABBBA73D78'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_944D79E14A1E27EA'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -268,7 +268,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 1024
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -343,6 +343,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 500
 num_train_epochs: null
@@ -361,7 +362,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_B8B862ABBBA73D78
+LAUNCHGEN_EOF_944D79E14A1E27EA
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
@@ -378,7 +379,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_F3E54A2B153AF25B'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_AF00C9BB1DA3D657'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -454,11 +455,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_F3E54A2B153AF25B'
         "exec",
         "--nv",
         "--bind",
-        "${LG_JOB_DIR}",
-        "--bind",
         "${LG_SUBMIT_DIR}",
         "--bind",
         "${LG_HF_CACHE}",
+        "--bind",
+        "${LG_JOB_DIR}",
         "docker://vllm/vllm-openai:v0.32.0",
         "vllm",
         "serve",
@@ -513,11 +514,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_F3E54A2B153AF25B'
       "exec",
       "--nv",
       "--bind",
-      "${LG_JOB_DIR}",
-      "--bind",
       "${LG_SUBMIT_DIR}",
       "--bind",
       "${LG_HF_CACHE}",
+      "--bind",
+      "${LG_JOB_DIR}",
       "--bind",
       "/scratch/datasets:/data:ro",
       "docker://registry.example.org/ml/launchgen-trainer:0.6",
@@ -558,9 +559,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_F3E54A2B153AF25B'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_F3E54A2B153AF25B
+LAUNCHGEN_EOF_AF00C9BB1DA3D657
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_047DE02E98AB0F8D'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_C97F3588D5D445AF'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -679,7 +680,7 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
 # signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
 # crash of one rank outweighs another's clean stop.
@@ -698,7 +699,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_047DE02E98AB0F8D
+LAUNCHGEN_EOF_C97F3588D5D445AF
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -1024,7 +1025,7 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 LAUNCHGEN_EOF_FD289AC60ACB94C2
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_644312A387936818'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_2D736C38FC3335EC'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -1138,12 +1139,12 @@ export APPTAINERENV_VLLM_HOST_IP
 lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 case $LG_SERVER_RANK in
   0)
-    exec apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
+    exec apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
     ;;
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_644312A387936818
+LAUNCHGEN_EOF_2D736C38FC3335EC
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
@@ -1164,6 +1165,9 @@ LG_HF_CACHE=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
 mkdir -p -- "$LG_HF_CACHE"
 HF_HOME=$LG_HF_CACHE
 export LG_SUBMIT_DIR LG_HF_CACHE HF_HOME
+# ch-run refuses to start without USER, which batch environments do not always carry
+USER=${USER:-$(id -un)}
+export USER
 # ---- nodes (roles by position) and ports
 mapfile -t LG_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if ((${#LG_NODES[@]} != 1)); then

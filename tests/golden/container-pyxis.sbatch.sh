@@ -233,7 +233,7 @@ container:
   extra_args: []
 LAUNCHGEN_EOF_7D6101C234983A65
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B8B862ABBBA73D78'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_944D79E14A1E27EA'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -269,7 +269,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 1024
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -344,6 +344,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 500
 num_train_epochs: null
@@ -362,7 +363,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_B8B862ABBBA73D78
+LAUNCHGEN_EOF_944D79E14A1E27EA
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
@@ -1131,6 +1132,9 @@ LG_HF_CACHE=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
 mkdir -p -- "$LG_HF_CACHE"
 HF_HOME=$LG_HF_CACHE
 export LG_SUBMIT_DIR LG_HF_CACHE HF_HOME
+# ch-run refuses to start without USER, which batch environments do not always carry
+USER=${USER:-$(id -un)}
+export USER
 # ---- nodes (roles by position) and ports
 mapfile -t LG_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if ((${#LG_NODES[@]} != 1)); then
@@ -1323,7 +1327,7 @@ trap lg_on_usr2 USR2
 lg_event "server_start nodes=$LG_SERVER_NODES"
 # --overlap: steps share the nodes' GPUs and CPUs (the plan keeps their GPUs apart); explicit counts, since
 # srun otherwise inherits the job's task count; --export=ALL even where the site defaults to NONE
-srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_SERVER_NODELIST" '--container-image=nvcr.io#nvidia/vllm:25.09-py3' --container-mounts="${LG_JOB_DIR}" --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-workdir="${LG_SUBMIT_DIR}" \
+srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_SERVER_NODELIST" '--container-image=nvcr.io#nvidia/vllm:25.09-py3' --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts="${LG_JOB_DIR}" --container-workdir="${LG_SUBMIT_DIR}" \
   bash "$LG_JOB_DIR/steps/server.sh" </dev/null &
 LG_SERVER_PID=$!
 
@@ -1332,7 +1336,7 @@ LG_SERVER_PID=$!
 lg_event "trainer_start nodes=$LG_TRAIN_NODES"
 # --overlap: steps share the nodes' GPUs and CPUs (the plan keeps their GPUs apart); explicit counts, since
 # srun otherwise inherits the job's task count; --export=ALL even where the site defaults to NONE
-srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_TRAIN_NODELIST" '--container-image=registry.example.org#ml/launchgen-trainer:0.6' --container-mounts="${LG_JOB_DIR}" --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts=/lustre/datasets:/data:ro --container-workdir="${LG_SUBMIT_DIR}" --container-env=WANDB_API_KEY \
+srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_TRAIN_NODELIST" '--container-image=registry.example.org#ml/launchgen-trainer:0.6' --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts="${LG_JOB_DIR}" --container-mounts=/lustre/datasets:/data:ro --container-workdir="${LG_SUBMIT_DIR}" --container-env=WANDB_API_KEY \
   bash "$LG_JOB_DIR/steps/trainer.sh" </dev/null &
 LG_TRAINER_PID=$!
 

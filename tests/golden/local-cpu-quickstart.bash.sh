@@ -177,7 +177,7 @@ train:
 container: null
 LAUNCHGEN_EOF_4F1078545117943F
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_D9826B47F5D72597'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_A80B146E3DD9102B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -218,7 +218,7 @@ generation:
   backend: hf
   hf_engine: auto
   max_completion_length: 16
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -293,6 +293,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 4
 num_train_epochs: null
@@ -310,7 +311,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_D9826B47F5D72597
+LAUNCHGEN_EOF_A80B146E3DD9102B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

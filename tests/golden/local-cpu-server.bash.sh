@@ -205,7 +205,7 @@ train:
 container: null
 LAUNCHGEN_EOF_9ED34A3E94FD4D5A
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_3048259E772CBE4A'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_7A6EB60C94D8210B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -246,7 +246,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 16
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -321,6 +321,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 4
 num_train_epochs: null
@@ -338,7 +339,7 @@ report_to:
 - jsonl
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_3048259E772CBE4A
+LAUNCHGEN_EOF_7A6EB60C94D8210B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE

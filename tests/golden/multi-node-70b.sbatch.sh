@@ -238,7 +238,7 @@ estimate:
 container: null
 LAUNCHGEN_EOF_28DDD73BD2C7A80D
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FABB47DB5BA7D210'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_CCCEAF8820E2C12B'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: /scratch/launchgen-runs/%j/trainer
@@ -274,7 +274,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 4096
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -349,6 +349,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 4
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 4
 max_steps: 2000
 num_train_epochs: null
@@ -367,7 +368,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_FABB47DB5BA7D210
+LAUNCHGEN_EOF_CCCEAF8820E2C12B
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_DF363D428BE8DE27'
 compute_environment: LOCAL_MACHINE

@@ -180,7 +180,7 @@ train:
 container: null
 LAUNCHGEN_EOF_D4723AB755342E64
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_DD6B59AE44143916'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_FF029586FA8C65C4'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: sft
 output_dir: launchgen-runs/sft-%j/trainer
@@ -216,7 +216,7 @@ generation:
   backend: hf
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -274,6 +274,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 4
 gradient_accumulation_steps: 2
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 2
 max_steps: 1000
 num_train_epochs: null
@@ -292,7 +293,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_DD6B59AE44143916
+LAUNCHGEN_EOF_FF029586FA8C65C4
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_90B91ED97DF5A3BB'
 compute_environment: LOCAL_MACHINE

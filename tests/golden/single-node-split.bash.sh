@@ -209,7 +209,7 @@ train:
 container: null
 LAUNCHGEN_EOF_6CD352D1EF4CC4CB
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_B8B862ABBBA73D78'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_944D79E14A1E27EA'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -245,7 +245,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 1024
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -320,6 +320,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 500
 num_train_epochs: null
@@ -338,7 +339,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_B8B862ABBBA73D78
+LAUNCHGEN_EOF_944D79E14A1E27EA
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE

@@ -206,7 +206,7 @@ train:
 container: null
 LAUNCHGEN_EOF_21132304F7D435F3
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_6FB1ADCABFB8546B'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_F970A0847E141AEE'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: runs/%j/trainer
@@ -242,7 +242,7 @@ generation:
   backend: vllm_server
   hf_engine: auto
   max_completion_length: 256
-  keep_kv_cache: true
+  keep_kv_cache: lend
   temperature: 1.0
   top_p: 1.0
   top_k: 0
@@ -323,6 +323,7 @@ max_grad_norm: 1.0
 per_device_train_batch_size: 8
 gradient_accumulation_steps: 1
 max_tokens_per_forward: null
+memory_budget_gib: null
 steps_per_generation: 1
 max_steps: 500
 num_train_epochs: null
@@ -341,7 +342,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_6FB1ADCABFB8546B
+LAUNCHGEN_EOF_F970A0847E141AEE
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
