@@ -61,6 +61,7 @@ from launchgen import preflight as _preflight  # noqa: F401
 from launchgen import static_checks as _static_checks  # noqa: F401
 from launchgen import loopchecks as _loopchecks  # noqa: F401
 from launchgen import distchecks as _distchecks  # noqa: F401
+from launchgen import trlchecks as _trlchecks  # noqa: F401
 # isort: on
 
 __all__ = [
