@@ -15,8 +15,9 @@ Shapes, tokenizer, prompts, reward, the fixed completions of the training-phase-
     is then 0 whatever `--lora-dropout` says, so `--lora-dropout 0` is the like-for-like comparison.
 
 Modes: `train` (every trainer gets the same fixed completions: scoring, log-probs, backward and the optimizer
-step on identical tokens) and `full` (generate -> score -> train; with LoRA both trainers generate with
-transformers' generate through the adapters: launchgen's static-cache engine does not decode through them).
+step on identical tokens) and `full` (generate -> score -> train; launchgen generates with the engine its config
+picks, on CUDA the static-cache engine, which decodes LoRA's adapted projections with their merged weights; TRL
+with transformers' generate through the adapters).
 For launchgen-lora it also measures what a weight sync would move: bytes of the merged adapted modules
 (`lora.iter_sync_params`) against all weights, and the time to compute them (the merge) on the GPU.
 """
@@ -87,8 +88,8 @@ def _sync_cost(trainer: Any) -> dict[str, Any]:
 
 def run_launchgen(model_dir: Path, shape: gvt.Shape, data_path: Path, a: argparse.Namespace, workdir: Path,
                   fixed: list[list[int]] | None, overrides: list[str]) -> dict[str, Any]:
-    """launchgen's own loop with the backend its config chooses (grpo_vs_trl forces the static-cache engine,
-    which LoRA refuses), or the fixed-completion stub; the step boundary is the scheduler step, as there."""
+    """launchgen's own loop with the backend its config chooses, or the fixed-completion stub; the step boundary is
+    the scheduler step, as in grpo_vs_trl."""
     import torch
     from launchgen.trainers import core
     from launchgen.trainers.generation import backends
@@ -131,6 +132,9 @@ def run_launchgen(model_dir: Path, shape: gvt.Shape, data_path: Path, a: argpars
             raise RuntimeError(f"launchgen trainer exited {rc}")
         res = gvt.summarize(times, a.warmup)
         res["backend"] = type(trainer.backend).__name__
+        for k in ("decode_path", "graph_captures"):
+            if hasattr(trainer.backend, k):
+                res[k] = getattr(trainer.backend, k)
         if cfg.peft is not None:
             res.update(_sync_cost(trainer))
     finally:
@@ -145,20 +149,23 @@ def _lora_override() -> list[str]:
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| shape | mode | trainer | step s (median, min-max) | train s | generate s | peak GiB | "
-             "peak vs full | sync GB (of all) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | mode | trainer | step s (median, min-max) | train s | generate s | ms/decode | peak GiB | "
+             "peak vs full | step vs full | sync GB (of all) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     full_peak = {(r["shape"], r["mode"]): r.get("peak_mem_gib") for r in rows if r["trainer"] == "launchgen-full"}
+    full_step = {(r["shape"], r["mode"]): r.get("step_s") for r in rows if r["trainer"] == "launchgen-full"}
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['shape']} | {r['mode']} | {r['trainer']} | ERROR: {r['error'][:100]} |")
             continue
         ref = full_peak.get((r["shape"], r["mode"]))
         ratio = f"{r['peak_mem_gib'] / ref:.2f}x" if ref else "-"
+        step_ref = full_step.get((r["shape"], r["mode"]))
+        step_ratio = f"{r['step_s'] / step_ref:.2f}x" if step_ref else "-"
         sync = f"{r['sync_gb']:.2f} ({r['all_weights_gb']:.2f})" if "sync_gb" in r else "-"
         lines.append(
             f"| {r['shape']} | {r['mode']} | {r['trainer']} | {r['step_s']:.3f} ({r['step_min_s']:.3f}-"
-            f"{r['step_max_s']:.3f}) | {r['train_s']:.3f} | {r['generate_s']:.3f} | {r['peak_mem_gib']:.1f} | "
-            f"{ratio} | {sync} |")
+            f"{r['step_max_s']:.3f}) | {r['train_s']:.3f} | {r['generate_s']:.3f} | "
+            f"{r.get('ms_per_decode_step', float('nan')):.2f} | {r['peak_mem_gib']:.2f} | {ratio} | {step_ratio} | {sync} |")
     return "\n".join(lines)
 
 

@@ -52,6 +52,8 @@ class Shape:
     vocab: int
     completion: int
     liger: bool
+    prompts: int | None = None  # per step, instead of --prompts
+    prompt_len: int | None = None  # instead of --prompt-len
 
 
 CONFIGS: dict[int, Shape] = {
@@ -59,7 +61,26 @@ CONFIGS: dict[int, Shape] = {
     1: Shape("Qwen2.5-0.5B shape, 32k vocab", 896, 24, 14, 2, 4864, 32768, 256, False),
     2: Shape("0.5B, 151,936 vocab, 1024 tok, Liger", 896, 24, 14, 2, 4864, 151936, 1024, True),
     3: Shape("Qwen2.5-1.5B shape, 32k vocab", 1536, 28, 12, 2, 8960, 32768, 256, False),
+    # c1big: config 1's model with 16 x 8 completions of 512-token prompts (a longer KV cache, a larger batch)
+    4: Shape("0.5B shape, 16x8 prompts of 512 tokens", 896, 24, 14, 2, 4864, 32768, 256, False, 16, 512),
+    # c5-like: the Qwen2.5-3B shape (as benchmarks/grpo_lora.py's 3b)
+    5: Shape("Qwen2.5-3B shape, 32k vocab", 2048, 36, 16, 2, 11008, 32768, 256, False),
 }
+
+
+def for_shape(a: argparse.Namespace, shape: Shape) -> argparse.Namespace:
+    """The arguments with the shape's own prompt count and length where it has them."""
+    out = argparse.Namespace(**vars(a))
+    if shape.prompts is not None:
+        out.prompts = shape.prompts
+    if shape.prompt_len is not None:
+        out.prompt_len = shape.prompt_len
+    return out
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of the saved (bf16) weights: what one decode step must read at least once."""
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
 
 
 # ----------------------------------------------------------------------------------------------- reward
@@ -627,7 +648,7 @@ def versions() -> dict[str, str]:
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
     hdr = ("| cfg | run | trainer | step s (median) | min-max | gen s | score s | train s | tok/s | ms/decode | "
-           "peak GiB | LG/TRL speed | LG/TRL mem |")
+           "x floor | graph captures | peak GiB | LG/TRL speed | LG/TRL mem |")
     lines = [hdr, "|" + "---|" * hdr.count("|")[:-1] if False else "|" + "---|" * (hdr.count("|") - 1)]
     by = {(r["config"], r["mode"], r["trainer"]): r for r in rows if "error" not in r}
     for r in rows:
@@ -644,7 +665,8 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['config']} | {r['mode']} | {r['trainer']} | {r['step_s']:.3f} | "
             f"{r['step_min_s']:.3f}-{r['step_max_s']:.3f} | {r['generate_s']:.3f} | {r['score_s']:.3f} | "
             f"{r['train_s']:.3f} | {r['tokens_per_s']:.0f} | {r['ms_per_decode_step']:.2f} | "
-            f"{r['peak_mem_gib']:.1f} | {speed} | {mem} |"
+            f"{r['ms_per_decode_step'] / r['floor_ms']:.2f} | {r.get('graph_captures', '-')} | "
+            f"{r['peak_mem_gib']:.2f} | {speed} | {mem} |"
         )
     return "\n".join(lines)
 
@@ -652,7 +674,8 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # 2 goes last: Liger patches transformers' Qwen2 RoPE function module-wide, which would leak into later configs.
-    p.add_argument("--configs", default="1,3,2", help="comma list of 0 (CPU smoke), 1, 2, 3")
+    p.add_argument("--configs", default="1,3,2",
+                   help="comma list of 0 (CPU smoke), 1, 2, 3, 4 (c1big), 5 (3B); 2 last (Liger patches Qwen2 globally)")
     p.add_argument("--steps", type=int, default=6, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per run")
     p.add_argument("--prompts", type=int, default=8)
@@ -694,9 +717,14 @@ def main(argv: list[str] | None = None) -> int:
         variants[f"launchgen[{label}]"] = [x for x in spec.split(";") if x]
     trainers += list(variants)
     flip = False
-    for ci in [int(x) for x in a.configs.split(",")]:
+    copy_tb_s = copy_bandwidth_tb_s(Clock(True)) if device == "cuda" else 0.0
+    vers["copy_tb_s"] = copy_tb_s
+    base_args = a
+    for ci in [int(x) for x in base_args.configs.split(",")]:
         shape = CONFIGS[ci]
+        a = for_shape(base_args, shape)
         model_dir = build_model_dir(shape, work, device)
+        floor_ms = 1e3 * weight_bytes(model_dir) / (copy_tb_s * 1e12) if copy_tb_s else float("nan")
         n_prompts = a.prompts * (a.warmup + a.steps + 2)
         prompts = make_prompts(n_prompts, a.prompt_len, shape.vocab)
         data_path = work / f"prompts-{ci}.jsonl"
@@ -707,7 +735,8 @@ def main(argv: list[str] | None = None) -> int:
             flip = not flip
             for trainer in order:
                 t0 = time.perf_counter()
-                row: dict[str, Any] = {"config": ci, "shape": shape.name, "mode": mode, "trainer": trainer}
+                row: dict[str, Any] = {"config": ci, "shape": shape.name, "mode": mode, "trainer": trainer,
+                                       "floor_ms": floor_ms}
                 try:
                     with fresh_device():
                         torch.manual_seed(a.seed)

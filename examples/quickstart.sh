@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 [ -f examples/tiny-model/config.json ] || python -m launchgen.trainers.tiny examples/tiny-model
 launchgen check examples/local-cpu-quickstart.yaml
 launchgen render examples/local-cpu-quickstart.yaml --bash -o quickstart.sh --force
-trainer_log=launchgen-runs/local/logs/attempt-0/trainer-local.log
-rm -f -- "$trainer_log"  # a previous run's lines are not this one's progress
+# this run's attempt: the job script takes the first logs/attempt-<N> that does not exist yet (a re-run into the
+# same job directory is attempt 1, 2, ...), so its progress is never an earlier run's
+attempt=0
+while [ -e "launchgen-runs/local/logs/attempt-$attempt" ]; do attempt=$((attempt + 1)); done
+trainer_log=launchgen-runs/local/logs/attempt-$attempt/trainer-local.log
 
 # The trainer writes one plain line per logging step to its log (launchgen.trainers.reporting); show each new one
 # here while the job runs, so the terminal is not silent for the minutes it trains.
@@ -34,8 +37,15 @@ show_progress "$job"
 rc=0
 wait "$job" || rc=$?
 if ((rc != 0)); then
+  # the job's own last lines above say why (a refused re-run names the fields that differ)
   echo "the job failed (exit $rc); its trainer log: $trainer_log" >&2
   exit "$rc"
+fi
+if ! grep -q '^\[launchgen\] step ' "$trainer_log" 2>/dev/null; then
+  # nothing trained in this run (training was already complete): the metrics file is an earlier run's
+  echo "no step was trained in this run (see the job's last line above); the earlier run's metrics are in" \
+    "launchgen-runs/local/trainer/metrics.jsonl (remove launchgen-runs/local to train again)"
+  exit 0
 fi
 echo "metrics: launchgen-runs/local/trainer/metrics.jsonl"
 tail -n 1 launchgen-runs/local/trainer/metrics.jsonl

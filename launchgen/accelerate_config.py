@@ -7,13 +7,17 @@ from typing import Any
 
 import yaml
 
+from launchgen import specfiles
 from launchgen.precision import MIXED_PRECISION
 from launchgen.spec import DistributedSection
 
 
 def read_user_config(path: str) -> dict[str, Any]:
     """A user's accelerate config file (YAML mapping); LG633 reports what this raises before the plan is built."""
-    data = yaml.safe_load(Path(path).expanduser().read_text())
+    try:
+        data = yaml.safe_load(specfiles.read_text(path))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a YAML mapping (an accelerate config file)")
     return data

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launchgen import specfiles
+
 #: config.json keys that mark a mixture-of-experts model (vLLM's data parallelism only pays off for these).
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
@@ -127,7 +129,7 @@ def find_model_config(name_or_path: str, revision: str | None = None,
             candidates.append(snap / "config.json")
     for c in candidates:
         try:
-            data = json.loads(c.read_text())
+            data = json.loads(specfiles.read_text(c))
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):

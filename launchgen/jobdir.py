@@ -62,6 +62,15 @@ STATIC_PLAN_FILE = "launchgen-plan.static.json"
 #: a JSON-lines event file in the job directory: no launchgen script writes one; read when present
 #: written into the trainer's output_dir when max_steps is reached: the scripts stop requeueing once it exists
 COMPLETE_MARKER = "launchgen-complete.json"
+#: in the trainer's output_dir: one JSON record per logging step (`launchgen.trainers.reporting` writes it,
+#: `launchgen report` reads it through `jobfiles.read_metrics`); `step` and the metrics of that step, plus
+#: METRICS_WALL_KEY: when the record was written (Unix seconds), which places the step on the job's timeline
+METRICS_FILE = "metrics.jsonl"
+METRICS_WALL_KEY = "time/wall"
+#: the wall seconds of one optimizer step in a metrics record (`launchgen plan --from-run` turns it into GPU-hours)
+STEP_TIME_METRIC = "time/step"
+#: what older runs logged instead of `time/step`: the phases of a step, summed
+STEP_PHASE_METRICS = ("time/generate", "time/score", "time/train", "time/sync_weights")
 #: the job id `render --bash` runs use (`%j` -> `local`)
 LOCAL_JOB_ID = "local"
 ROLES = ("server", "trainer")
@@ -214,7 +223,8 @@ class Ev:
     REQUEUE = "requeue"
     REQUEUE_CAP = "requeue_cap"
     EXIT = "exit"
-    HEALTH_TIMEOUT = "health_timeout"  # the word of server_failed
+    HEALTH_TIMEOUT = "health_timeout"  # the words of server_failed: never healthy,
+    HEALTH_LOST = "health_lost"  # or healthy once, then silent for the supervisor's bound
 
 
 @dataclass(frozen=True)
@@ -232,15 +242,17 @@ _KINDS = (
     EventKind(Ev.TRAINER_START, ("nodes",), doc="the trainer step is started on these nodes"),
     EventKind(Ev.SERVER_HEALTHY, ("after", "replica"),
               doc="the health URL answered 200, `after=<s>s` into the attempt (of replica `<k>`, if several)"),
-    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT,),
-              doc="the server (replica `<k>`, if several) died (`exit=<status>`) or never became healthy "
-              "(`health_timeout`)"),
+    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT, Ev.HEALTH_LOST),
+              doc="the server (replica `<k>`, if several) died (`exit=<status>`), never became healthy "
+              "(`health_timeout`), or stopped answering /health after it was healthy (`health_lost`)"),
     EventKind(Ev.REPLICA_RESTART, ("replica", "restart", "exit"),
               doc="vllm.restart_replicas: replica `<k>` died (`exit=<status>`) and its step starts again "
               "(`restart=<n>`, counted per replica and attempt)"),
     EventKind(Ev.TRAINER_EXIT, ("status",), doc="the trainer step ended with this status"),
     EventKind(Ev.USR2, doc="the pre-timeout signal: the trainers are asked to checkpoint"),
-    EventKind(Ev.SIGNAL, (), ("TERM", "INT"), doc="the script was signalled and stops everything"),
+    EventKind(Ev.SIGNAL, (), ("TERM", "INT", "HUP", "KILL"),
+              doc="the script was signalled and stops everything (`KILL`: written by the `--bash` script's watcher, "
+              "which stopped the steps after the script died without its traps)"),
     EventKind(Ev.COMPLETE, doc="the completion marker exists: training is done, no requeue"),
     EventKind(Ev.REQUEUE, ("restart",), doc="the job requeues itself (restart <n>)"),
     EventKind(Ev.REQUEUE_CAP, doc="not complete, but slurm.max_restarts is reached: no requeue"),
@@ -460,7 +472,8 @@ for path in (sys.argv[2], os.path.join(env["LG_LOG_DIR"], "@PLAN_FILE@")):
 def template_context() -> dict[str, Any]:
     """What `render` gives the templates, so the scripts write the names declared here."""
     return {
-        "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT},
+        "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT, "health_lost": Ev.HEALTH_LOST},
+        "exit_config": EXIT_CONFIG,
         "event_time_format": EVENT_TIME_FORMAT,
         "run_record_writer": RUN_RECORD_WRITER,
         "logs_announcement": LOGS_ANNOUNCEMENT,

@@ -72,6 +72,9 @@ def _str_or_none(v: Any) -> str | None:
 def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
     if J.Ev.HEALTH_TIMEOUT in e.words:
         return Seen.HEALTH_TIMEOUT, "server", {}
+    if J.Ev.HEALTH_LOST in e.words:
+        return Seen.SERVER_DIED, "server", {"message": "stopped answering /health after it was healthy (hung): "
+                                                       "the supervisor stopped everything"}
     return Seen.SERVER_DIED, "server", {"exit_code": e.fields.get("exit")}
 
 
@@ -331,3 +334,87 @@ def find_batch_log(job_id: str, info: SchedulerInfo | None, record: J.RunRecord 
             dirs += [job_dir, *list(job_dir.resolve().parents)[:3]]
         cands += [d / rel for d in dirs]
     return next((str(c) for c in cands if c.is_file()), None)
+
+
+# ------------------------------------------------------------------------------------ trainer metrics ---
+
+
+@dataclass
+class MetricsRecord:
+    """One logging step of the trainer's metrics.jsonl: its numbers (None for a NaN the trainer wrote as null)
+    and, from trainers that stamp it (`jobdir.METRICS_WALL_KEY`), when it was written."""
+
+    step: int
+    wall: float | None
+    values: dict[str, float | None]
+
+
+def metrics_file(job_dir: Path, record: J.RunRecord | None) -> Path:
+    """The trainer's metrics.jsonl: in the plan's trainer output directory (relative to the job directory)."""
+    out = (record.layout_value("trainer_output_dir") if record else None) or J.DEFAULT_LAYOUT.trainer_output_dir
+    return job_dir / out / J.METRICS_FILE
+
+
+def read_metrics(job_dir: Path, record: J.RunRecord | None) -> tuple[list[MetricsRecord], list[str]]:
+    """The records in step order (a step logged twice, by a resumed attempt, keeps its last record) and notes
+    on what could not be read (a line torn by a kill mid-write is skipped, saying so)."""
+    path = metrics_file(job_dir, record)
+    if not path.is_file():
+        return [], [f"no {J.METRICS_FILE} in {path.parent} (the trainer logged no step)"]
+    by_step: dict[int, MetricsRecord] = {}
+    torn = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1
+            continue
+        step = _as_int(data.get("step")) if isinstance(data, dict) else None
+        if step is None:
+            torn += 1
+            continue
+        wall = data.get(J.METRICS_WALL_KEY)
+        values = {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+                  for k, v in data.items() if k not in ("step", J.METRICS_WALL_KEY)
+                  and (v is None or isinstance(v, (int, float)))}
+        by_step[step] = MetricsRecord(step, float(wall) if isinstance(wall, (int, float)) else None, values)
+    notes = [f"{path}: {torn} line(s) that are not a step record were skipped"] if torn else []
+    return [by_step[s] for s in sorted(by_step)], notes
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds per optimizer step of a run, from its trainer's metrics.jsonl."""
+
+    seconds: list[float]
+    source: str  # the file, and which metric
+    steps_done: int
+
+    @property
+    def median(self) -> float:
+        xs = sorted(self.seconds)
+        mid = len(xs) // 2
+        return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def read_step_times(job_dir: Path, record: J.RunRecord | None = None) -> StepTimes:
+    """The step times a run logged (`time/step`, else the sum of its phases), the first logged step left out (it
+    compiles and warms caches). A record averages `logging_steps` steps, so each counts as their mean. Raises
+    StatusError when the directory has no step times."""
+    rows, _notes = read_metrics(job_dir, record)
+    path = metrics_file(job_dir, record)
+    times, metric = [], J.STEP_TIME_METRIC
+    for row in rows:
+        v = row.values.get(J.STEP_TIME_METRIC)
+        if v is None:
+            phases = [x for k in J.STEP_PHASE_METRICS if (x := row.values.get(k)) is not None]
+            if not phases:
+                continue
+            v, metric = sum(phases), "the sum of time/* phases"
+        times.append(v)
+    if not rows:
+        raise StatusError(f"no {J.METRICS_FILE} in {path.parent}: the run logged no step")
+    if not times:
+        raise StatusError(f"{path} has no step times ({J.STEP_TIME_METRIC} or time/* phases)")
+    kept = times[1:] or times
+    return StepTimes(kept, f"{path} ({metric}, median of {len(kept)} logged step(s))", rows[-1].step)

@@ -6,7 +6,7 @@ Interface (what `checks.py`, `render.py`, `planview.py` and `launchgen status` r
     Pure (no I/O, no clock, no environment). It assembles the plan of a spec the checks accepted and reports
     no user error itself; LG909 comes from ``bash_issues`` (``render --bash`` of a multi-node layout).
 
-    Every rule is a check (``launchgen/rules/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
+    Every rule is a check (``launchgen/checks/``; LG901-LG904, LG907, LG908, LG910, LG911 and LG915 kept
     the codes the plan used to raise): a spec they refuse makes ``build_plan`` raise ``PlanInvariantError``, an
     internal error (``_assert_checked``, ``_assert_gpu_layout``, ``_assert_parallel_layout``, with the checks' own
     predicates). Checks run first and call ``build_plan`` only when they found no error, so a user sees one
@@ -42,14 +42,19 @@ work; under ``--bash`` they index the inherited ``CUDA_VISIBLE_DEVICES`` or, whe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from typing import Any
 
 import yaml
 
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
+from launchgen.checks.spec.cpuserver import cpu_server_problem
+from launchgen.checks.spec.jobvalues import output_dir_problems, sbatch_value_problems
+from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
@@ -86,8 +91,6 @@ from launchgen.precision import precision_conflict, resolve_precision, server_dt
 from launchgen.replicas import ReplicaPlace
 from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
-from launchgen.rules.cpuserver import cpu_server_problem
-from launchgen.rules.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
@@ -106,8 +109,17 @@ __all__ = [
 ]
 
 
+def spec_dump(spec: Spec) -> dict[str, Any]:
+    """The resolved spec as JSON data. The `estimate` section only feeds `plan`'s estimate, never the job, so
+    it is left out unless written (a spec without it resolves, and hashes, as before the section existed)."""
+    data = spec.model_dump(mode="json")
+    if "estimate" not in spec.model_fields_set:
+        data.pop("estimate", None)
+    return data
+
+
 def spec_canonical_json(spec: Spec) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return json.dumps(spec_dump(spec), sort_keys=True, separators=(",", ":"))
 
 
 def spec_hash(spec: Spec) -> str:
@@ -282,7 +294,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
                       s.cpus_per_task)
     h = spec_hash(spec)
     spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+                 + yaml.safe_dump(spec_dump(spec), sort_keys=False))
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
@@ -356,10 +368,24 @@ def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
     _invariant(places is not None, "the server replicas do not cut the server GPUs into equal parts (LG201/LG220)")
     assert places is not None
     replicas = tuple(_replica_plan(spec, lay, rp) for rp in places)
+    container = _role_container(spec, "server", v.device == "cuda", replicas[0].env)
+    if container is not None:
+        replicas = tuple(_contained(r, container) for r in replicas)
     return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, lay.data_parallel_size,
                       lay.data_parallel_size_local, lay.multi_node_dp, v.bind, replicas[0].commands, replicas[0].env,
                       "/health", v.health_timeout, " ".join(v.executable_words), replicas,
-                      v.max_replica_restarts if v.restart_replicas else 0)
+                      v.max_replica_restarts if v.restart_replicas else 0, container=container)
+
+
+def _role_container(spec: Spec, role: RoleName, uses_gpus: bool, env: tuple[EnvVar, ...]) -> ContainerPlan | None:
+    section, source = role_container(spec, role)
+    return None if section is None else container_plan(section, source, uses_gpus=uses_gpus, command_env=env)
+
+
+def _contained(r: ReplicaPlan, c: ContainerPlan) -> ReplicaPlan:
+    """Replica `r` with its commands run through the container's prefix and its variables forced inside."""
+    commands = tuple(dataclasses.replace(cmd, argv=(*c.prefix, *cmd.argv)) for cmd in r.commands)
+    return dataclasses.replace(r, commands=commands, env=(*r.env, *c.env))
 
 
 def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
@@ -456,10 +482,15 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
     except (OSError, ValueError) as e:  # the user's accelerate file (LG633 in `check`'s file stage too)
         raise SpecError([Issue("LG633", "train.distributed.accelerate_config", f"cannot read it: {e}",
                                "Fix the path (relative paths start at the submit directory) or the file.")]) from None
+    tenv = tuple(_trainer_env(spec, lay, gpus))
+    container = _role_container(spec, "trainer", t.device == "cuda", tenv)
+    if container is not None:
+        targv = [*container.prefix, *targv]
+        tenv = (*tenv, *container.env)
     return TrainerPlan(
         positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
         processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,
-        argv=tuple(targv), env=tuple(_trainer_env(spec, lay, gpus)), unset_env=("VLLM_SERVER_DEV_MODE",),
+        argv=tuple(targv), env=tenv, unset_env=("VLLM_SERVER_DEV_MODE",), container=container,
         overrides=tuple(overrides), accelerate_config=acc,
         accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True), config=config,
         config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"
@@ -469,9 +500,14 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
 
 
 def bash_issues(plan: Plan) -> list[Issue]:
-    """Why `plan` cannot run under `--bash` (one machine), as LG909 issues."""
+    """Why `plan` cannot run under `--bash` (one machine), as LG909 and LG254 issues."""
     if plan.num_nodes > 1:
         return [Issue("LG909", "train.nodes", f"the layout needs {plan.num_nodes} nodes but --bash runs on one "
                       "machine", "Render without --bash, or use one trainer node and `vllm.nodes: 0`.",
                       "error", None, plan.source)]
+    for c in (plan.server.container if plan.server else None, plan.trainer.container):
+        if c is not None and RUNTIMES[c.runtime].needs_slurm:
+            return [Issue("LG254", f"{c.source}.runtime", f"{c.runtime} runs containers only through `srun` "
+                          "(SLURM), which --bash does not use", "Render without --bash, or use apptainer or "
+                          "charliecloud for a run on this machine.", "error", None, plan.source)]
     return []

@@ -8,7 +8,7 @@ rule the checks own did not hold (an internal error, never a user message). `lau
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from launchgen import ports
 from launchgen.issues import Issue
@@ -19,6 +19,9 @@ from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.trl.config import TrlRunConfig
+
+if TYPE_CHECKING:  # launchgen.containers builds its words from this module's Ref and EnvVar
+    from launchgen.containers import ContainerPlan
 
 #: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
 MAX_PORT_OFFSET = ports.MAX_OFFSET
@@ -31,6 +34,10 @@ HEALTH_REQUEST_TIMEOUT_S = 5
 HEALTH_CLIENT_MARGIN_S = 60
 #: Seconds between two supervisor polls.
 POLL_INTERVAL_S = 1
+#: A server that was healthy and then answers no /health probe for this long (vllm.health_timeout if shorter) is
+#: taken as hung and the job stops, naming its log: otherwise it would surface only through the trainer's request
+#: timeout (generation.vllm_server.request_timeout, 600 s by default).
+HEALTH_LOST_S = 60
 
 #: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
 RUNTIME_VARS: dict[str, str] = {
@@ -53,6 +60,8 @@ RUNTIME_VARS: dict[str, str] = {
     "LG_ACCELERATE_CONFIG": "$LG_JOB_DIR/accelerate.yaml",
     "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
     "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
+    "LG_SUBMIT_DIR": "the directory the job was submitted from (mounted into containers) [with a container]",
+    "LG_HF_CACHE": "HF_HOME, default ~/.cache/huggingface (mounted into containers) [with a container]",
 }
 
 
@@ -191,6 +200,18 @@ class ServerPlan:
     max_replica_restarts: int = 0
     #: consecutive failed /health probes after which a healthy replica counts as hung and is stopped for a restart
     unhealthy_probes: int = 3
+    #: vllm.container (or the job-wide container): the commands above already start with its prefix
+    container: ContainerPlan | None = None
+
+    @property
+    def srun_args(self) -> Argv:
+        """Options of the server steps' `srun` lines (pyxis)."""
+        return self.container.srun_args if self.container else ()
+
+    @property
+    def health_lost_after(self) -> int:
+        """Seconds without an answer to /health after which a healthy server (without restarts) counts as hung."""
+        return min(HEALTH_LOST_S, self.health_timeout)
 
     @property
     def multi_replica(self) -> bool:
@@ -222,6 +243,13 @@ class TrainerPlan:
     config: TrainerConfig | TrlRunConfig
     config_yaml: str
     colocate: bool
+    #: train.container (or the job-wide container): `argv` already starts with its prefix
+    container: ContainerPlan | None = None
+
+    @property
+    def srun_args(self) -> Argv:
+        """Options of the trainer step's `srun` line (pyxis)."""
+        return self.container.srun_args if self.container else ()
 
 
 @dataclass(frozen=True)
@@ -263,6 +291,11 @@ class Plan:
     exit_server_failed: int = EXIT_SERVER_FAILED
     exit_preempted: int = EXIT_PREEMPTED
     warnings: tuple[Issue, ...] = field(default_factory=tuple)
+
+    @property
+    def containers(self) -> bool:
+        """Some role runs in a container (the script then sets LG_SUBMIT_DIR and LG_HF_CACHE)."""
+        return self.trainer.container is not None or (self.server is not None and self.server.container is not None)
 
     def node(self, position: int) -> NodePlan:
         return self.nodes[position]

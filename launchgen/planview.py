@@ -1,17 +1,21 @@
 """The plan as tables (rich): per-node GPU map, ports, addresses, env per role, commands.
 
 Used by `launchgen plan SPEC` and `launchgen check --explain`. Reads only the Plan. A table wider than the
-terminal is printed one record a line (`launchgen.tables`), never cut short.
+terminal (or than COLUMNS, or 80 columns in a pipe) is printed one record a line (`launchgen.tables`), never
+cut short; the GPU map then as runs of GPUs per node (`gpu_map_compact`).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from launchgen import tables
 from launchgen.jobdir import ENV_PID_DIR
 from launchgen.plan import EnvVar, GpuSlot, Plan, Ref, Word
 from launchgen.tables import print_table, print_text
@@ -155,13 +159,64 @@ def summary_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _run_length(parts: list[list[str]], g: int, k: int) -> int:
+    """How many labels from `g` on differ only in their k-th number, which counts up by one."""
+    first = parts[g]
+    n = 1
+    while g + n < len(parts):
+        nxt = parts[g + n]
+        if len(nxt) != len(first) or any(a != b for i, (a, b) in enumerate(zip(first, nxt, strict=True))
+                                         if i != k) or int(nxt[k]) != int(first[k]) + n:
+            break
+        n += 1
+    return n
+
+
+def _runs(labels: list[str]) -> list[str]:
+    """Consecutive GPUs of one role whose ranks count up as one item: `GPU 0-3 server TP0-3`,
+    `GPU 0-7 trainer r0-7 +vLLM TP0`; the same label repeated (idle) too."""
+    parts = [re.split(r"(\d+)", lab) for lab in labels]  # numbers at the odd positions
+    items: list[str] = []
+    g = 0
+    while g < len(labels):
+        same = 1
+        while g + same < len(labels) and labels[g + same] == labels[g] and not re.search(r"\d", labels[g]):
+            same += 1
+        best, at = same, None
+        for k in range(1, len(parts[g]), 2):
+            n = _run_length(parts, g, k)
+            if n > best:
+                best, at = n, k
+        label = labels[g]
+        if at is not None:
+            lo = int(parts[g][at])
+            label = "".join(f"{lo}-{lo + best - 1}" if i == at else x for i, x in enumerate(parts[g]))
+        items.append(f"GPU {g} {label}" if best == 1 else f"GPU {g}-{g + best - 1} {label}")
+        g += best
+    return items
+
+
+def gpu_map_compact(plan: Plan, table: Table | None = None) -> list[list[str]]:
+    """The GPU map one node a record, runs of GPUs as whole items: what a narrow console gets instead of the
+    table (a GPU column each does not fit 80 columns on an 8-GPU node). `table`: the plan's `gpu_map`."""
+    table = table if table is not None else gpu_map(plan)
+    cols = [[Text.from_markup(c).plain if isinstance(c, str) else str(c) for c in col.cells] for col in table.columns]
+    rows = []
+    for r in range(len(cols[0]) if cols else 0):
+        node, roles, gpus = cols[0][r], cols[1][r], [col[r] for col in cols[2:]]
+        if plan.device == "cpu":
+            rows.append([f"node {node}: {roles}", *gpus])
+        else:
+            rows.append([f"node {node}: {roles}", *_runs(gpus)])
+    return rows
+
+
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            # piped or captured: no terminal width to respect, and a wrapped GPU map is unreadable
-            console = Console(width=max(console.width, 160))
+        console = tables.console()
     for line in summary_lines(plan):
         print_text(console, line)
-    for table in (gpu_map(plan), port_table(plan), endpoint_table(plan), env_table(plan), command_table(plan)):
+    gpus = gpu_map(plan)
+    print_table(console, gpus, compact=None if tables.fits(console, gpus) else gpu_map_compact(plan, gpus))
+    for table in (port_table(plan), endpoint_table(plan), env_table(plan), command_table(plan)):
         print_table(console, table)

@@ -152,6 +152,11 @@ def _job_roles(f: _Facts) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- how a role ended ---
 
 
+def how_ended(ev: Event) -> tuple[str, str]:
+    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it)."""
+    return _how(ev)
+
+
 def _how(ev: Event) -> tuple[str, str]:
     """-> (state, sentence) for a role-ending event."""
     if ev.event == Seen.HEALTH_TIMEOUT:
@@ -170,8 +175,8 @@ def _how_status(code: int | None, message: str | None) -> tuple[str, str] | None
     if code == J.EXIT_OK:
         return "exited", "exited 0"
     if code == J.EXIT_PREEMPTED:
-        return "preempted", (f"checkpointed and exited {J.EXIT_PREEMPTED} (stopped by USR2/TERM; a requeued "
-                             "attempt resumes)")
+        return "preempted", (f"checkpointed and exited {J.EXIT_PREEMPTED} (stopped by USR2/TERM; the next "
+                             "attempt or run into this job directory resumes from that checkpoint)")
     if code is not None:
         return "failed", f"exited {code}" + (f": {message}" if message else "")
     return None
@@ -287,10 +292,21 @@ def _event_notes(f: _Facts) -> list[str]:
         rq = requeues[-1]
         notes.append(f"{rq.event.replace('_', ' ')}" + (f": {rq.message}" if rq.message else "")
                      + (f" (attempt {rq.attempt})" if rq.attempt is not None else ""))
-    sig = next((e for e in f.events if e.event == Seen.SIGNAL), None)
-    if sig is not None:
-        notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} (pre-timeout signal: checkpoint + requeue)")
+    for sig in (e for e in f.events if e.event == Seen.SIGNAL):
+        notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} ({_SIGNAL_MEANS.get(sig.signal or '', 'stopped everything')})")
     return notes
+
+
+#: What the script did on each signal it records (launchgen.jobdir's `usr2` and `signal` events).
+_SIGNAL_MEANS = {
+    "USR2": "checkpoint requested: the time limit is near, or a user asked; the job requeues itself if training is "
+            "not complete and slurm.max_restarts allows",
+    "TERM": "scancel or kill: everything was stopped; no requeue",
+    "INT": "Ctrl-C: everything was stopped",
+    "HUP": "hang-up (the terminal closed): everything was stopped, and the run counts as failed",
+    "KILL": "the script was killed without running its traps (SIGKILL, the OOM killer); its watcher stopped the "
+            "steps and recorded the end",
+}
 
 
 _REPLICA_STATES = {Seen.STEP_START: "starting", Seen.HEALTH_OK: "healthy", Seen.REPLICA_RESTART: "restarting",

@@ -24,6 +24,18 @@ def engine_dtype(model_dtype: str, precision: str) -> str:
     return PRECISION_DTYPE[precision] if model_dtype == "auto" else model_dtype
 
 
+def trainable_weight_dtype(model_dtype: str, precision: str, *, lora: bool, modules_to_save: bool) -> str:
+    """The dtype the trainer loads the policy's weights in (`trainers/modeling.weight_dtype`, the memory estimate).
+
+    `auto` keeps fp32 master weights for accelerate's autocast, except under LoRA without modules_to_save: the
+    frozen base needs no master copy (PEFT keeps the adapters in fp32). An explicit `model.dtype` is what loads
+    (`bfloat16`: pure-bf16 training at half the memory).
+    """
+    if model_dtype == "auto":
+        return PRECISION_DTYPE[precision] if lora and not modules_to_save else "float32"
+    return model_dtype
+
+
 def resolve_precision(spec: Spec) -> str:
     """train.precision reconciled with the TRL-style bf16/fp16 aliases (an alias wins where they disagree:
     such a spec is refused by LG605/LG606 before anything uses the value)."""

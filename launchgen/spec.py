@@ -252,6 +252,78 @@ class SlurmSection(_Section):
         return parse_time_limit(self.time)
 
 
+ContainerRuntime = Literal["pyxis", "apptainer", "singularity", "charliecloud"]
+_MOUNT_PATH_RE = re.compile(r"/[^:,\s]*")
+
+
+def mount_entry(v: str) -> str:
+    """`SRC`, `SRC:DST` or `SRC:DST:ro`: absolute paths without `:`, `,` or blanks (every runtime splits on them)."""
+    one_line(v)
+    parts = v.split(":")
+    if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ValueError("must be SRC, SRC:DST or SRC:DST:ro (a third part is `ro` or `rw`)")
+    for part in parts[:2]:
+        if not _MOUNT_PATH_RE.fullmatch(part):
+            raise ValueError(f"{part!r} must be an absolute path without `:`, `,` or blanks")
+    return v
+
+
+class ContainerSection(_Section):
+    """Where a role's step runs: launchgen.containers owns each runtime's command line."""
+
+    runtime: ContainerRuntime = Field(
+        description="`pyxis` (enroot through `srun --container-image`; SLURM only), `apptainer` or `singularity` "
+        "(`apptainer exec` / `singularity exec`), `charliecloud` (`ch-run`).",
+    )
+    image: Argument = Field(
+        description="pyxis: an enroot URI (`nvcr.io#nvidia/pytorch:25.01-py3`, `docker://...`) or a `.sqsh` file; "
+        "apptainer: a `.sif` file, a sandbox directory or a `docker://`/`oras://`/`library://` URI; charliecloud: "
+        "an image directory or SquashFS file (or a name in ch-image's storage). A local path must be readable on "
+        "the nodes (`check` verifies it here).",
+    )
+    mounts: list[Annotated[str, AfterValidator(mount_entry)]] = Field(
+        default_factory=list,
+        description="Extra bind mounts, `SRC`, `SRC:DST` or `SRC:DST:ro` (absolute paths). The job directory, the "
+        "submit directory and the HF cache (`HF_HOME`, default ~/.cache/huggingface) are always mounted at their "
+        "own paths.",
+    )
+    gpus: bool | None = Field(
+        default=None,
+        description="Add the runtime's GPU flags (apptainer: `--nv`); default: when the role runs on CUDA. pyxis "
+        "and charliecloud take none (enroot's hook and the image's injected libraries give the GPUs).",
+    )
+    env: list[str] = Field(
+        default_factory=list,
+        description="Host variables whose value wins over the image's own (pyxis `--container-env`, apptainer "
+        "`APPTAINERENV_<NAME>`); launchgen's own variables (CUDA_VISIBLE_DEVICES, ...) always do. Every other "
+        "host variable passes as the runtime passes it (charliecloud: all of them).",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Runtime options, verbatim (each quoted): on the `srun` line for pyxis, after `exec` / before "
+        "the image for apptainer and charliecloud.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: list[str]) -> list[str]:
+        for k in v:
+            if not _ENV_NAME_RE.fullmatch(k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _one_line_args(cls, v: list[str]) -> list[str]:
+        for a in v:
+            one_line(a)
+        return v
+
+
+_CONTAINER_DESCRIPTION = ("Run this role's step in a container (replaces the top-level `container` for it); "
+                          "see `container` below.")
+
+
 class ModelSpec(_Section):
     name_or_path: Argument = Field(
         description="Hub id or local path of the policy model (server and trainer load it)."
@@ -353,6 +425,7 @@ class VLLMSpec(_Section):
     version: OneLine | None = Field(
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
+    container: ContainerSection | None = Field(default=None, description=_CONTAINER_DESCRIPTION)
 
     _gpus = field_validator("gpus")(_non_negative_gpus)
 
@@ -440,6 +513,7 @@ class TrainSpec(_Section):
         "TRL config it parses. The job passes launchgen's flags first (docs/trl-names.md), then script_args.",
     )
     script_args: list[str] = Field(default_factory=list, description="The script's own arguments (after launchgen's).")
+    container: ContainerSection | None = Field(default=None, description=_CONTAINER_DESCRIPTION)
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Trainer arguments (fields of launchgen.trainers.config.TrainerConfig: data, rewards, "
@@ -458,6 +532,58 @@ class TrainSpec(_Section):
     _gpus = field_validator("gpus")(_non_negative_gpus)
 
 
+class ModelNumbers(_Section):
+    """config.json's numbers, for the estimate when the model's config.json is not local (a local one wins)."""
+
+    hidden_size: int = Field(ge=1, description="config.json `hidden_size`.")
+    num_hidden_layers: int = Field(ge=1, description="config.json `num_hidden_layers`.")
+    num_attention_heads: int = Field(ge=1, description="config.json `num_attention_heads`.")
+    num_key_value_heads: int | None = Field(default=None, ge=1, description="config.json `num_key_value_heads` "
+                                            "(default: num_attention_heads).")
+    intermediate_size: int = Field(ge=1, description="config.json `intermediate_size`.")
+    vocab_size: int = Field(ge=1, description="config.json `vocab_size`.")
+    head_dim: int | None = Field(default=None, ge=1, description="config.json `head_dim` (default: hidden_size / heads).")
+    tie_word_embeddings: bool = Field(default=False, description="config.json `tie_word_embeddings`.")
+    attention_bias: bool = Field(default=False, description="q/k/v projections have biases (Qwen2: true).")
+    max_position_embeddings: int | None = Field(default=None, ge=1,
+                                                description="config.json `max_position_embeddings` (vLLM's default "
+                                                "max_model_len).")
+
+
+class EstimateSection(_Section):
+    """Inputs of the memory, weight-sync and cost estimate (`launchgen plan`, checks LG240-LG242) that the spec
+    does not otherwise say."""
+
+    gpu_memory_gib: float | None = Field(
+        default=None, gt=0,
+        description="Memory of one GPU in GiB (nvidia-smi's memory.total / 1024). Default: from slurm.gpu_type "
+        "(a table of common GPUs: h100 79.6, h200 139.8, a100 79.2, a100_40g 39.4, l40s 45.0, ...); `check --live` "
+        "on a GPU node reads nvidia-smi.",
+    )
+    model: ModelNumbers | None = Field(
+        default=None, description="The model's config.json numbers when config.json is not in a local directory or "
+        "the local HF cache (a local config.json wins).",
+    )
+    link: Literal["nvlink", "infiniband", "ethernet"] | None = Field(
+        default=None,
+        description="The link weight syncs cross (trainer rank 0 to the server). Default: nvlink when the server "
+        "shares the first trainer node, infiniband otherwise. Effective bandwidths: nvlink 100, infiniband 25, "
+        "ethernet 5 GB/s.",
+    )
+    link_gb_per_s: float | None = Field(default=None, gt=0,
+                                        description="Effective bandwidth of a weight push in GB/s (overrides link's).")
+    step_time_s: float | None = Field(
+        default=None, gt=0,
+        description="Seconds per optimizer step, for the GPU-hours of max_steps (`plan --from-run JOBDIR` measures "
+        "it from a previous run's metrics instead).",
+    )
+    prompt_tokens: int | None = Field(
+        default=None, ge=1,
+        description="Prompt tokens per row for the activation estimate (default: train.args.data.max_prompt_length, "
+        "else 512).",
+    )
+
+
 class Spec(_Section):
     """One file describes one job."""
 
@@ -467,3 +593,12 @@ class Spec(_Section):
     model: ModelSpec
     vllm: VLLMSpec | None = Field(default=None, description="Omit for trainers without vLLM (plain generate, SFT).")
     train: TrainSpec = Field(default_factory=TrainSpec)
+    estimate: EstimateSection = Field(
+        default_factory=EstimateSection,
+        description="Inputs of the memory, weight-sync and GPU-hour estimate that `plan` shows (all optional).",
+    )
+    container: ContainerSection | None = Field(
+        default=None,
+        description="The job-wide container: the server's and the trainers' steps run in this image unless "
+        "`vllm.container` / `train.container` name their own. The batch script and its supervisor stay on the host.",
+    )

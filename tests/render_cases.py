@@ -35,6 +35,18 @@ VARIANTS: dict[str, str] = {
         "env: {all: {A: '1'}, server: {B: 'x y'}, trainer: {C: \"it's\"}}, "
         "extra_directives: ['--constraint=h100']}",
         vllm="{gpus: [4, 5, 6, 7], tensor_parallel_size: 4, bind: 10.0.0.5}", train_nodes=1),
+    # a charliecloud image whose path needs quoting; the trainer in its own singularity image with a host variable
+    "containers-charliecloud-singularity": """
+job: {name: variant}
+model: {name_or_path: org/model}
+slurm: {max_restarts: 0}
+vllm: {gpus: [0, 1, 2, 3], tensor_parallel_size: 4}
+container: {runtime: charliecloud, image: "/images/it's a dir", mounts: [/data, /a:/b]}
+train:
+  container: {runtime: singularity, image: "docker://org/trainer:1", mounts: ["/d:/e:ro"], env: [WANDB_API_KEY],
+              extra_args: [--cleanenv]}
+  args: {data: {path: d.jsonl}}
+""",
 }
 
 

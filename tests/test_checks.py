@@ -89,6 +89,11 @@ def test_base_spec_is_clean(model_dir: Path) -> None:
 
 
 # (code, patch on the base spec, expected path, needle on the expected line, occurrence, severity)
+QWEN72 = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+          "intermediate_size": 29568, "vocab_size": 152064}
+QWEN7 = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+         "intermediate_size": 18944, "vocab_size": 152064}
+
 CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG101", {"vllm": {"gpus": [0, 1, 2, 8]}}, "vllm.gpus.3", "- 8", 1, "error"),
     ("LG102", {"vllm": {"gpus": [0, 1, 1, 2]}}, "vllm.gpus.2", "- 1", 2, "error"),
@@ -114,6 +119,17 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG224", {"vllm": {"restart_replicas": True}}, "vllm.restart_replicas", "restart_replicas", 1, "error"),
     ("LG225", {"vllm": {"tensor_parallel_size": 2, "replicas": 2, "max_replica_restarts": 5}},
      "vllm.max_replica_restarts", "max_replica_restarts", 1, "warning"),
+    ("LG252", {"container": {"runtime": "charliecloud", "image": "docker://org/img:1"}}, "container.image", "image:",
+     1, "error"),
+    ("LG252", {"vllm": {"container": {"runtime": "pyxis", "image": "/images/vllm.sif"}}}, "vllm.container.image",
+     "image:", 1, "error"),
+    ("LG253", {"train": {"container": {"runtime": "charliecloud", "image": "/img", "mounts": ["/a", "/b:/c:ro"]}}},
+     "train.container.mounts.1", "/b:/c:ro", 1, "error"),
+    ("LG255", {"container": {"runtime": "apptainer", "image": "docker://org/img:1", "gpus": False}},
+     "container.gpus", "gpus: false", 1, "warning"),
+    ("LG259", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "container": {"runtime": "pyxis", "image": "org#img"}}}, "vllm.container", "container:", 1,
+     "warning"),
     ("LG202", {"vllm": {"nodes": 2, "gpus": [0, 1, 2], "tensor_parallel_size": 6}},
      "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
     ("LG206", {"vllm": {"max_model_len": 1000},
@@ -160,6 +176,14 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "warning"),
     ("LG406", {"slurm": {"exclusive": False}}, "job.port_offset", "job:", 1, "warning"),
     ("LG620", {"slurm": {"gpu_type": "v100"}}, "slurm.gpu_type", "gpu_type: v100", 1, "warning"),
+    # the memory estimate (launchgen/checks/spec/fit.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
+    ("LG240", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}}, "vllm.tensor_parallel_size",
+     "tensor_parallel_size", 1, "error"),
+    ("LG241", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}, "train": {"backend": "ddp"}},
+     "train.backend", "backend: ddp", 1, "error"),
+    ("LG242", {"estimate": {"model": QWEN7, "gpu_memory_gib": 80},
+               "vllm": {"max_model_len": 4096, "kv_cache_memory_bytes": 90_000_000}},
+     "vllm.max_model_len", "max_model_len", 1, "warning"),
     ("LG501", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
                         "nodes": 1}}, "vllm.nodes", "nodes: 1", 1, "error"),
     ("LG502", {"train": {"args": {"generation": {"vllm_colocate": {"gpu_memory_utilization": 0.5}}}}},
@@ -233,6 +257,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG806", {"slurm": {"signal_grace": 0}}, "slurm.signal_grace", "signal_grace", 1, "info"),
     ("LG807", {"slurm": {"env": {"trainer": {"CUDA_VISIBLE_DEVICES": "0"}}}},
      "slurm.env.trainer.CUDA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", 1, "error"),
+    ("LG810", {"slurm": {"env": {"all": {"SHELLOPTS": "errexit"}}}}, "slurm.env.all.SHELLOPTS", "SHELLOPTS", 1,
+     "error"),
+    ("LG812", {"slurm": {"exclusive": False, "extra_directives": ["--cpus-per-gpu=2"]}}, "slurm.extra_directives.0",
+     "- --cpus-per-gpu=2", 1, "error"),
     ("LG808", {"vllm": {"nodes": 1, "gpus": DELETE, "tensor_parallel_size": 8, "bind": "127.0.0.1"}},
      "vllm.bind", "bind: 127.0.0.1", 1, "error"),
     ("LG901", {"train": {"args": {"learning_rate": -1}}}, "train.args.learning_rate", "learning_rate", 1, "error"),
@@ -240,7 +268,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
-    # TRL's own trainers (launchgen.trl_config, launchgen.trlchecks): train.args takes TRL's field names
+    # TRL's own trainers (launchgen.trl_config, launchgen.checks.spec.trl): train.args takes TRL's field names
     ("LG901", {"train": {"trainer": "trl.grpo", "args": {"num_generation": 4}}}, "train.args.num_generation",
      "num_generation:", 1, "error"),
     ("LG920", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
@@ -435,3 +463,28 @@ def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, r
     code, patch = row[0], row[1]
     errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
     assert ("LG901", "train.args") not in errors, (code, errors)
+
+
+def test_a_check_lives_in_the_folder_of_its_stage() -> None:
+    """One answer to "where does a check go": by what it reads. `checks/spec/` holds the spec-stage checks (and the
+    plan-stage ones: the plan is derived from the spec alone), `checks/files/` the files-stage ones, `checks/live/`
+    the `--live` probes (which register no check: `live_checks` runs them)."""
+    folders = {"spec": {"spec", "plan"}, "files": {"files"}, "live": set()}
+    assert checks.CHECK_MODULES, "the package imports its check modules"
+    for c in checks.CHECKS:
+        module = c.fn.__module__
+        assert module.startswith("launchgen.checks."), (c.name, module)
+        folder = module.split(".")[2]
+        if folder == "runner":  # the loader's own warnings (LG005), reported through the checks
+            continue
+        assert c.stage in folders[folder], f"{c.name} ({module}) is a {c.stage} check"
+
+
+def test_a_raw_train_args_read_of_a_path_no_trainer_has_fails(model_dir: Path) -> None:
+    """`Ctx.arg` is the one raw reader of train.args: a typo in a check's path raises instead of reading the default."""
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(base(model_dir)), "spec.yaml"), env={})
+    assert ctx.arg("generation.importance_sampling.enabled", True) is True  # a real path: the default
+    with pytest.raises(KeyError, match="no trainer's config has this field"):
+        ctx.arg("generation.importance_sampling.enabeld")

@@ -87,7 +87,7 @@ def test_render_output_file_force_and_mode(tmp_path: Path) -> None:
 def test_plan_text_and_json() -> None:
     r = run("plan", MULTI)
     assert r.exit_code == 0, r.stderr
-    assert "GPU map" in r.stdout and "Ports" in r.stdout and "server TP7" in r.stdout
+    assert "GPU map" in r.stdout and "Ports" in r.stdout and "GPU 0-7 server TP0-7" in r.stdout  # 80 columns
     r = run("plan", MULTI, "--format", "json")
     data = json.loads(r.stdout)
     assert [n["roles"] for n in data["nodes"]] == [["trainer"]] * 4 + [["server"]]

@@ -39,7 +39,7 @@ def imported(args: list[str], tmp_path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize(("args", "absent"), [
-    (["--help"], ("pydantic", "yaml", "rich", "jinja2", "launchgen.checks", "launchgen.cli.check",
+    (["--help"], ("pydantic", "yaml", "rich", "jinja2", "plotly", "launchgen.checks", "launchgen.cli.check",
                   "launchgen.cli.status")),
     (["init", "-"], ("pydantic", "rich", "jinja2", "launchgen.checks")),
     (["check", str(SPEC)], ("rich", "jinja2", "launchgen.render")),

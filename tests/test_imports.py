@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("torch", "transformers", "vllm", "numpy", "huggingface_hub", "accelerate", "liger_kernel", "kernels")
+HEAVY = ("torch", "transformers", "vllm", "numpy", "huggingface_hub", "accelerate", "liger_kernel", "kernels",
+         "plotly")
 
 SPEC = """\
 job: {name: demo}

@@ -85,7 +85,7 @@ def _help_texts() -> dict[str, str]:
 
 def test_help_fits_80_columns_and_renders_one_way() -> None:
     texts = _help_texts()
-    assert {"launchgen", "init", "check", "plan", "render", "status", "logs"} <= set(texts)
+    assert {"launchgen", "init", "check", "plan", "render", "status", "logs", "report"} <= set(texts)
     for name, text in texts.items():
         wide = [line for line in text.splitlines() if len(line) > 80]
         assert not wide, f"{name} --help has lines over 80 columns: {wide}"

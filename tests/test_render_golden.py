@@ -27,7 +27,7 @@ def test_golden(example: str, scheduler: str) -> None:
     if not renderable(example, scheduler):
         with pytest.raises(SpecError) as exc:
             render_script(plan_for(example), scheduler)  # type: ignore[arg-type]
-        assert [i.code for i in exc.value.issues] == ["LG909"]
+        assert [i.code for i in exc.value.issues] in (["LG909"], ["LG254"])  # several nodes; pyxis needs srun
         assert not golden.exists(), f"{golden} is stale: this layout cannot render for --bash"
         return
     text = render_script(plan_for(example), scheduler)  # type: ignore[arg-type]

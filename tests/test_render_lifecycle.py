@@ -12,6 +12,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -300,6 +301,15 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     assert res.returncode == 0, res.stderr + (log.read_text()[-3000:] if log.exists() else "")
     assert (job / "trainer" / "launchgen-complete.json").is_file()
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
+    # its picture (issue 28): `launchgen report` on the job directory, opened in headless Chromium
+    from chromium import assert_figures_rendered, open_in_chromium
+
+    rep = subprocess.run([sys.executable, "-m", "launchgen", "report", "local"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    dom = open_in_chromium(job / "launchgen-report.html", tmp_path / "chromium-profile")
+    assert_figures_rendered(dom)
+    assert dom.count("training step") >= 1 and "ended first: exited 0" in dom
 
 
 @pytest.mark.slow
@@ -319,6 +329,26 @@ def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Pa
     steps = [line.split()[2] for line in res.stdout.splitlines() if line.startswith("[launchgen] step ")]
     assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stdout
     assert "metrics: launchgen-runs/local/trainer/metrics.jsonl" in res.stdout
+
+    # again, into the finished job directory: it says nothing was trained, never shows the old metrics as new
+    again = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "training was already complete before this run" in again.stderr, again.stderr[-3000:]
+    assert "launchgen: training complete" not in again.stderr
+    assert "no step was trained in this run" in again.stdout and "metrics: " not in again.stdout, again.stdout
+
+    # a changed trainer config into it: the trainer refuses (exit 2); the script says so and why, never "complete"
+    spec = ex / "local-cpu-quickstart.yaml"
+    spec.write_text(spec.read_text().replace("max_completion_length: 16", "max_completion_length: 12"))
+    refused = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "the trainer refused this run" in refused.stderr and "the trainer says:" in refused.stderr, \
+        refused.stderr[-3000:]
+    assert "max_completion_length" in refused.stderr and "training complete" not in refused.stderr, \
+        refused.stderr[-3000:]
+    assert "max_completion_length: 12" not in (tmp_path / "launchgen-runs/local/spec.yaml").read_text()
 
 
 def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:

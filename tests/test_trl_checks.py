@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 
 from launchgen import compat
+from launchgen.checks import run_checks
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
-from launchgen.rules.runner import run_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -273,6 +273,35 @@ def test_dead_or_stuck_server_during_update_is_an_error_not_a_hang(hook: str, ti
         s.stop()
 
 
+def test_an_engine_that_dies_during_the_update_fails_the_step_within_seconds(tiny_model_dir: Path,
+                                                                            logdir: Path) -> None:
+    """The engine dies mid-update while the API server lives on (its /health answers 503, the update never
+    answers): the client's health watch fails the step in seconds, not at weight_sync_timeout."""
+    from transformers import AutoModelForCausalLM
+
+    buffer = 50_000
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    sizes = [p.numel() * p.element_size() for _, p in model.named_parameters()]
+    at = str(len(chunk_boundaries(sizes, buffer)) + 2)
+    s = start_standin(tiny_model_dir, logdir, env={"LAUNCHGEN_STANDIN_ENGINE_DEAD_DURING_UPDATE": at,
+                                                   "LAUNCHGEN_STANDIN_GROUP_TIMEOUT": "20"})
+    try:
+        backend = VLLMServerBackend(
+            _Acc(), client=VLLMClient("127.0.0.1", s.port, control_timeout=5), transport=GlooTransport(),
+            num_generations=2, group_port=free_port(), health_timeout=30, weight_sync_timeout=600, control_timeout=5,
+            packed_buffer_size_bytes=buffer,
+        )  # fmt: skip
+        backend.connect()
+        backend.sync_weights(iter(model.named_parameters()))
+        start = time.monotonic()
+        with pytest.raises(VLLMServerError, match=r"stopped answering /health during the weight update .*HTTP 503"):
+            backend.sync_weights(iter(model.named_parameters()))
+        assert time.monotonic() - start < 15
+        assert "the engine is dead" in s.log_text()
+    finally:
+        s.stop()
+
+
 def test_connect_fails_within_health_timeout_without_server() -> None:
     port = free_port()
     backend = VLLMServerBackend(

@@ -224,10 +224,12 @@ class GenerationSection(_Strict):
         "unsharded weights, else generate).",
     )
     max_completion_length: int = Field(default=256, ge=1, description="Max new tokens per completion.")
-    keep_kv_cache: bool = Field(
-        default=True,
-        description="`hf` backend, static_cache engine: keep the KV cache and captured CUDA graphs between generation "
-        "calls (fastest); false frees them before training and recaptures next call (a few ms per length bucket).",
+    keep_kv_cache: bool | Literal["lend"] = Field(
+        default="lend",
+        description="`hf` backend, static_cache engine: what the KV cache (and LoRA's merged weights) do between "
+        "generation calls. `lend`: their memory goes back to the allocator for training and is taken again next call, "
+        "the captured CUDA graphs replaying where it comes back at the same address; true: held (training cannot use "
+        "it); false: freed with the graphs and recaptured every call (a few ms per length bucket).",
     )
     temperature: float = Field(
         default=1.0, gt=0, description="Sampling temperature; online_dpo uses 0.9 (TRL's OnlineDPOConfig) when unset."
@@ -258,7 +260,7 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
     """Why `generation.max_staleness >= 1` cannot be honoured, as (reason, field, message); [] when it can.
 
     The one owner of these rules: the trainer config refuses the first, `launchgen check` reports each
-    (launchgen.preflight.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
+    (launchgen.checks.spec.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
     `trainer` (its loss has no sampler/trainer correction), `correction` (the correction is switched off).
     """
     from launchgen.trainers.generation.backends import BACKENDS
@@ -353,6 +355,13 @@ class TrainerConfig(DeclaredConfig):
         description="Split each micro-batch into forward/backward passes of at most this many tokens (rows x padded "
         "length; at least one row, online_dpo one pair). The gradient is the micro-batch's (same loss normalisation), "
         "only activation memory shrinks. null: the whole micro-batch in one pass, as TRL.",
+    )
+    memory_budget_gib: float | None = Field(
+        default=None, gt=0,
+        description="Peak device memory (GiB, allocated) one training process should fit: the trainer measures its "
+        "weights, gradients and optimizer state, estimates a pass's activations and sets max_tokens_per_forward "
+        "(and, when tight, model.logits_chunk_mib) to fit, printing the choice at start. Memory-only: the gradient is "
+        "the same. null: the knobs as set.",
     )
     steps_per_generation: int | None = Field(default=None, ge=1, description="Defaults to gradient_accumulation_steps.")
     max_steps: int = Field(default=100, ge=1, description="Optimizer steps to run (unless num_train_epochs is set).")
@@ -492,8 +501,7 @@ class TrainerConfig(DeclaredConfig):
             if refusals:
                 raise ValueError(refusals[0][2])
         if self.peft is not None:
-            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile,
-                                        hf_engine=self.generation.hf_engine)
+            errors = combination_errors(use_liger_kernel=self.model.use_liger_kernel, compile=self.model.compile)
             if errors:
                 raise ValueError(f"peft: {errors[0][1]}")
 

@@ -173,6 +173,9 @@ class Trainer:
             if self.objective.needs_reference:
                 ref = lora.AdapterOffReference(self.model, acc)
         self.ref_model = ref
+        from launchgen.trainers import memory_budget
+
+        self.memory_choice = memory_budget.apply(cfg, self.model, ref, acc)
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
@@ -302,6 +305,7 @@ class Trainer:
     def _step(self) -> dict[str, float]:
         """One optimizer step over GA micro-batches (regenerating where a generation batch is used up)."""
         cfg, acc = self.cfg, self.accelerator
+        t_step = time.perf_counter()
         stats = StepStats()
         step_metrics: dict[str, float] = {}
         t_train = 0.0
@@ -346,6 +350,7 @@ class Trainer:
             step_metrics["grad_norm"] = float(grad_norm)
         step_metrics["learning_rate"] = lr
         step_metrics["time/train"] = t_train
+        step_metrics["time/step"] = time.perf_counter() - t_step  # wall time; `launchgen plan --from-run` reads it
         sampler = self.source.sampler
         step_metrics["epoch"] = sampler.epoch + sampler.index / max(1, sampler.n)
         return step_metrics

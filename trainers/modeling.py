@@ -30,7 +30,7 @@ from launchgen.trainers.dynamo_config import raise_recompile_limit, recompile_li
 from launchgen.trainers.errors import TrainerSetupError
 from torch.utils.checkpoint import checkpoint
 
-from launchgen.precision import MIXED_PRECISION, PRECISION_DTYPE
+from launchgen.precision import MIXED_PRECISION, trainable_weight_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -52,19 +52,14 @@ def weight_dtype(cfg: TrainerConfig) -> torch.dtype:
     memory, like TRL with a bf16 checkpoint.
     """
     explicit = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if cfg.model.dtype == "auto" and cfg.peft is not None and not cfg.peft.modules_to_save:
-        # LoRA: the base is frozen, so it needs no fp32 master copy; PEFT keeps the adapters in fp32
-        # (autocast_adapter_dtype), which is what fp16 loss scaling needs. modules_to_save train base modules
-        # in full, so those keep fp32 masters.
-        return explicit[PRECISION_DTYPE[cfg.precision]]
-    if cfg.model.dtype != "auto":
-        if cfg.model.dtype == "float16" and cfg.precision == "fp16":
-            raise TrainerSetupError(
-                "model.dtype float16 with precision fp16: loss scaling needs fp32 master weights; "
-                "set model.dtype: auto (or float32)"
-            )
-        return explicit[cfg.model.dtype]
-    return torch.float32
+    if cfg.model.dtype == "float16" and cfg.precision == "fp16":
+        raise TrainerSetupError(
+            "model.dtype float16 with precision fp16: loss scaling needs fp32 master weights; "
+            "set model.dtype: auto (or float32)"
+        )
+    lora = cfg.peft is not None
+    return explicit[trainable_weight_dtype(cfg.model.dtype, cfg.precision, lora=lora,
+                                           modules_to_save=lora and bool(cfg.peft and cfg.peft.modules_to_save))]
 
 
 def check_precision(cfg: TrainerConfig) -> None:

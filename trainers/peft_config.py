@@ -1,7 +1,7 @@
 """`train.args.peft`: LoRA adapters, and which module names a decoder-only architecture has (no torch).
 
 This module imports only pydantic and the standard library, so `launchgen check` validates the section and
-the target names on a login node (`launchgen/preflight/peft.py`) with the very rules the trainer applies
+the target names on a login node (`launchgen/checks/spec/peft.py`) with the very rules the trainer applies
 (`trainers/lora.py`). Defaults are TRL's `ModelConfig` LoRA defaults (r 16, alpha 32, dropout 0.05); `all-linear`
 is PEFT's: every linear layer except the output head.
 
@@ -142,12 +142,13 @@ def entry_matches_module(entry: str, model_type: str | None, num_layers: int | N
     return any(matches(entry, n) for n in names)
 
 
-def combination_errors(*, use_liger_kernel: bool, compile: object, hf_engine: object) -> list[tuple[str, str]]:
+def combination_errors(*, use_liger_kernel: bool, compile: object) -> list[tuple[str, str]]:
     """(field, message) for each trainer setting LoRA cannot run with; one rule for the trainer config and `check`.
 
     Refused rather than half-working: Liger's instance patching and the compiled decoder layers were not
     verified with PEFT's wrapped linears (dynamo would also have to guard on the adapter on/off switch the
-    reference pass flips), and the static-cache engine decodes from the plain weights, without the adapters.
+    reference pass flips). The static-cache generation engine runs with LoRA (it decodes the adapted projections
+    with their merged weights, `generation/fast_generate/adapters.py`).
     """
     out = []
     if use_liger_kernel:
@@ -156,7 +157,4 @@ def combination_errors(*, use_liger_kernel: bool, compile: object, hf_engine: ob
     if compile is True:
         out.append(("model.compile", "model.compile: true is not supported with LoRA (peft): the adapters "
                     "wrap the decoder's linears; use auto (compiles the log-prob head only) or false"))
-    if hf_engine == "static_cache":
-        out.append(("generation.hf_engine", "hf_engine static_cache decodes from the base weights without the "
-                    "adapters; use auto or generate with LoRA (peft)"))
     return out

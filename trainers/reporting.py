@@ -1,6 +1,6 @@
 """What a run reports at each logging step, on the main process only.
 
-* `metrics.jsonl` in output_dir: one JSON record per logging step (always; the file the tests, `status` and plots
+* `metrics.jsonl` in output_dir: one JSON record per logging step, stamped with `time/wall` (always; the file the tests, `report` and plots
   read). Records of steps after a resumed checkpoint are dropped first (those steps are about to be redone).
 * One plain text line per logging step on stdout (always), which the job script writes to the trainer log, so
   `tail -f` and `grep '^\\[launchgen\\] step'` work without a terminal:
@@ -28,6 +28,8 @@ from typing import Any
 
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
+
+from launchgen.jobdir import METRICS_FILE, METRICS_WALL_KEY
 
 #: The plain line's prefix (grep for it).
 LINE_PREFIX = "[launchgen] step"
@@ -136,7 +138,7 @@ class Reporter:
 
     def __init__(self, cfg: TrainerConfig, out: Path, is_main: bool, initial_step: int, resumed: bool) -> None:
         self.cfg, self.out, self.is_main = cfg, out, is_main
-        self.metrics_path = out / "metrics.jsonl"
+        self.metrics_path = out / METRICS_FILE
         self._tokens = 0.0
         self._t0 = time.perf_counter()
         self.bar: Any = None
@@ -176,7 +178,7 @@ class Reporter:
             return
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps({"step": step, **clean}) + "\n")
+            f.write(json.dumps({"step": step, **clean, METRICS_WALL_KEY: round(time.time(), 3)}) + "\n")
         numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isnan(v)}
         if self.tb is not None:
             for k, v in numeric.items():

@@ -11,6 +11,7 @@ must not retrain it or rewrite `final/`.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ MAY_CHANGE: tuple[str, ...] = (
     "run_name",
     "resume",
     "max_tokens_per_forward",  # memory only: each micro-batch's gradient is the same
+    "generation.keep_kv_cache",  # memory only (its default changed from true to lend)
+    "memory_budget_gib",  # memory only, like the knobs it sets
+    "model.logits_chunk_mib",  # memory only: the same log-probs tile by tile (memory_budget_gib may set it)
     "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational
 )
 #: Key of the recorded config in a checkpoint's trainer_state.json.
@@ -57,6 +61,10 @@ def fingerprint(cfg: TrainerConfig) -> dict[str, Any]:
     for key in ADDED_OFF_WHEN_NONE:
         if data.get(key, 0) is None:
             del data[key]
+    return _without_may_change(data)
+
+
+def _without_may_change(data: dict[str, Any]) -> dict[str, Any]:
     for path in MAY_CHANGE:
         *parents, leaf = path.split(".")
         node: Any = data
@@ -77,8 +85,9 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(dotted field, checkpoint's value, this run's value) for every field that differs, sorted by field."""
-    a, b = _flatten(saved), _flatten(current)
+    """(dotted field, checkpoint's value, this run's value) for every field that differs, sorted by field. A field
+    that joined MAY_CHANGE after the checkpoint was written is still in its fingerprint: dropped here too."""
+    a, b = _flatten(_without_may_change(copy.deepcopy(saved))), _flatten(current)
     return [(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(a.keys() | b.keys())
             if a.get(k, _MISSING) != b.get(k, _MISSING)]
 

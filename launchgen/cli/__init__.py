@@ -29,6 +29,7 @@ SUMMARIES = {
     "schema": "Print the spec schema (JSON Schema or Markdown).",
     "status": "Which role ended first and how, health, the log to read.",
     "logs": "Print or follow a role's log of a job.",
+    "report": "Write the run's timeline and training curves as one HTML page.",
 }
 VERBS = tuple(SUMMARIES)
 
@@ -46,6 +47,7 @@ Examples:
   launchgen render topology.yaml -o job.sbatch && sbatch job.sbatch
   launchgen render topology.yaml --bash -o job.sh   # one machine, no SLURM
   launchgen status 12345           # who ended first and how, and its log
+  launchgen report 12345           # timeline and curves, one HTML page
   launchgen schema --format markdown               # the spec reference
 
 Exit status: 0 ok (warnings allowed), 2 the spec has errors (or warnings with

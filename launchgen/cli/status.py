@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from launchgen import tables
 from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
 from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
 from launchgen.tables import print_table, print_text
@@ -95,7 +96,7 @@ def _tables(st: JobStatus) -> list[Table]:
 
 
 def _print_rich(st: JobStatus) -> None:
-    con = Console()
+    con = tables.console()
     _header(con, st)
     for table in _tables(st):
         # piped (a mail, a grep, a CI log): one record a line, whatever the width

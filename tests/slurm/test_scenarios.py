@@ -422,6 +422,17 @@ def test_pre_timeout_signal_checkpoints_requeues_and_resumes(cluster: Cluster, w
     text0 = j.logs()[t0[0]].read_text(errors="replace")
     assert "exiting 75" in text0 and "CalledProcessError" not in text0 and "Traceback" not in text0, text0[-3000:]
     assert_no_survivors(cluster, j)
+    # its picture (issue 28): both attempts on the timeline, the requeue, who ended first; opened in Chromium
+    from chromium import assert_figures_rendered, open_in_chromium
+
+    page = work / "report.html"
+    p = sh([*launchgen_cmd_for_tests(), "report", j.id, "-o", str(page)], check=False)
+    assert p.returncode == 0, p.stderr
+    dom = open_in_chromium(page, work / "chromium-profile")
+    assert_figures_rendered(dom)
+    for lane in ("attempt 0 · server", "attempt 0 · trainer", "attempt 1 · server", "attempt 1 · trainer"):
+        assert lane in dom, lane
+    assert ">requeue<" in dom and "ended first: checkpointed and exited 75" in dom  # its legend entry; the table
 
 
 def test_requeue_cap_from_restart_count(cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path,
@@ -448,6 +459,31 @@ def test_requeue_cap_from_restart_count(cluster: Cluster, work: Path, jobs: list
     assert "requeue_cap" in ev1, ev1
     steps = [m["step"] for m in j.metrics()]
     assert steps == list(range(1, len(steps) + 1)), steps
+    assert_no_survivors(cluster, j)
+
+
+def test_usr2_to_the_job_steps_checkpoints_and_requeues_without_killing_the_server(
+        cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path) -> None:
+    """`scancel --signal=USR2 JOB` (no -b: what a user types to ask for a checkpoint) reaches every step's processes
+    and not the batch shell: the server ignores it, the trainer checkpoints and exits 75, the job requeues."""
+    spec = spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-usr2-steps", port=18770,
+                    max_steps=100000, fake_trainer=True, signal_grace=60, max_restarts=1,
+                    trainer_env={"FAKE_TRAINER_STEP_S": "0.2", "FAKE_TRAINER_SKIP_HEALTH": "1"})
+    j = run_job(cluster, spec, work)
+    jobs.append(j)
+    adir = j.job_dir / "logs" / "attempt-0"
+    wait_for("the trainer to start", lambda: any("fake trainer on" in f.read_text() for f in adir.glob("trainer-*.log")),
+             120)
+    wait_for("a step", lambda: len(j.metrics()) > 0, 60)
+    wait_for("the server to be healthy", lambda: _event(j, "server_healthy") is not None, 60)
+    sh(["scancel", "--signal=USR2", j.id])
+    rec = _release_requeued(cluster, j, "10")
+    assert int(rec.get("Restarts", "0")) == 1, "USR2 to the steps did not lead to a requeue\n" + j.describe()
+    ev0 = " | ".join(e for _, e in _events(j, 0))
+    assert "trainer_exit status=75" in ev0 and "requeue restart=1" in ev0, ev0
+    assert "server_failed" not in ev0, ev0
+    wait_for("attempt 1 to start", lambda: (j.job_dir / "logs" / "attempt-1").is_dir(), 120)
+    cancel(j.id)
     assert_no_survivors(cluster, j)
 
 
@@ -500,7 +536,7 @@ def test_startup_overlaps(cluster: Cluster, work: Path, jobs: list[Job], shared_
     assert start is not None, j.describe()
     # when the server became healthy, as the trainer's own poller saw it (the supervisor polls only once a second)
     healthy = json.loads((j.job_dir / "trainer" / "fake-trainer-timeline.json").read_text())["healthy"]
-    first_step = j.metrics()[0]["ts"]
+    first_step = j.metrics()[0]["time/wall"]
     s = healthy - start  # the server's real start-up: the stand-in's own load plus the 6 s delay
     bound = max(s, t_load) + 5
     took = first_step - start

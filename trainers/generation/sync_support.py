@@ -170,3 +170,43 @@ def opens_with(
     if head is None:
         return iter(()), False
     return itertools.chain([head], it), TensorMeta.of(*head) == first
+
+
+#: During a weight update the server's /health is probed this often (seconds), each probe bounded by
+#: SYNC_HEALTH_PROBE_TIMEOUT; SYNC_HEALTH_FAILURES failed probes in a row fail the update. An engine that dies mid-
+#: update (vLLM answers 503 once its engine is dead, or nothing once the API server exits) then fails the step within
+#: seconds instead of at weight_sync_timeout, while the broadcast and the /update_weights request wait on a peer
+#: that is gone.
+SYNC_HEALTH_INTERVAL = 1.0
+SYNC_HEALTH_PROBE_TIMEOUT = 2.0
+SYNC_HEALTH_FAILURES = 3
+
+
+class HealthWatch:
+    """Probes a server's /health on a daemon thread while a weight update runs; `problem` says why it gave up
+    (None while the server answers). `probe` returns None for a healthy answer, else what it got instead."""
+
+    def __init__(self, probe: Callable[[float], str | None], where: str, wake: threading.Event) -> None:
+        self._probe, self._where, self._wake = probe, where, wake
+        self._stop = threading.Event()
+        self.problem: str | None = None
+        self._thread = threading.Thread(target=self._run, name="launchgen-wt-health", daemon=True)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        fails: list[str] = []
+        while not self._stop.wait(SYNC_HEALTH_INTERVAL):
+            got = self._probe(SYNC_HEALTH_PROBE_TIMEOUT)
+            fails = [*fails, got] if got is not None else []
+            if len(fails) >= SYNC_HEALTH_FAILURES:
+                self.problem = (f"{self._where} stopped answering /health during the weight update "
+                                f"({SYNC_HEALTH_FAILURES} probes in a row: {fails[-1]}); its engine died or it hangs, "
+                                "see the server's log")
+                self._wake.set()
+                return

@@ -264,6 +264,16 @@ class VLLMClient:
             self._drop_connections(resp)  # a 503 can come with the same dropped connection as any error
         return resp.status_code
 
+    def health_problem(self, timeout: float) -> str | None:
+        """None when /health answers 200 within `timeout`, else what happened instead (`HTTP 503`, a refused
+        connection, a timeout). On a connection of its own, not the session's: it probes beside a request in flight
+        on another thread (the weight update's)."""
+        try:
+            resp = requests.get(self.base_url + "/health", timeout=timeout)
+        except requests.RequestException as exc:
+            return f"{type(exc).__name__}: {_excerpt(str(exc), 200)}"
+        return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
+
     def wait_for_health(self, timeout: float, poll_interval: float = 1.0) -> None:
         """Poll /health until 200; every branch (refused, timeout, 503, 404, ...) is bounded by `timeout`."""
         deadline = time.monotonic() + timeout

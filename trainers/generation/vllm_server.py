@@ -44,6 +44,7 @@ from .protocol import SamplingParams
 from .rank_zero import RankZeroBackend
 from .sync_support import (
     GLOO_BACKEND,
+    HealthWatch,
     WeightSyncError,
     init_failure_hint,
     record_event,
@@ -460,11 +461,15 @@ class VLLMServerBackend(RankZeroBackend):
             wake,
         )
 
+        watch = HealthWatch(client.health_problem, client.where, wake)
+
         def check() -> None:
             if answered.error is not None:
                 raise answered.error
             if sent.error is not None:
                 raise WeightSyncError(f"weight broadcast failed: {sent.error}") from sent.error
+            if watch.problem is not None and not answered.done:
+                raise VLLMServerError(watch.problem, endpoint="/update_weights")
             if time.monotonic() > deadline:
                 raise VLLMTimeoutError(
                     f"weight update to {client.where} did not finish within weight_sync_timeout="
@@ -483,16 +488,17 @@ class VLLMServerBackend(RankZeroBackend):
                     continue
 
         try:
-            for name, tensor in items:
-                put((name, tensor, record_event(tensor)))
-            put(_END)
-            while True:
-                wake.clear()  # before the check: a thread ending after it sets the event again
-                check()
-                if sent.done and answered.done:
-                    self.last_transfer_seconds += time.monotonic() - started
-                    break
-                wake.wait(max(min(deadline - time.monotonic(), 1.0), 0.0))
+            with watch:
+                for name, tensor in items:
+                    put((name, tensor, record_event(tensor)))
+                put(_END)
+                while True:
+                    wake.clear()  # before the check: a thread ending after it sets the event again
+                    check()
+                    if sent.done and answered.done:
+                        self.last_transfer_seconds += time.monotonic() - started
+                        break
+                    wake.wait(max(min(deadline - time.monotonic(), 1.0), 0.0))
         except BaseException:
             with contextlib.suppress(queue.Full):
                 q.put_nowait(_ABORT)

@@ -44,8 +44,12 @@ Two implementations of the decode forward (`decode_path` says which one runs):
 
 Either way the weights are the trainer's live parameters: `sync_weights` has nothing to copy, and an optimizer
 that updates parameters in place is seen by the captured graphs (graphs are dropped if a parameter's storage
-moves). On CPU the same step runs eagerly (no graphs). `keep_cache=False` releases the cache, the state and the
-captured graphs at the end of every call, so the training phase does not hold them.
+moves). On CPU the same step runs eagerly (no graphs). Between calls the KV cache's one flat buffer is lent back to
+the caching allocator (`keep_cache="lend"`, the default: training reuses the memory, the graphs replay when the
+buffer comes back at the same address), held (`True`) or freed with the graphs (`False`); see `state._Arena`.
+
+LoRA (PEFT): the fused path decodes each adapted projection with its merged weight, recomputed into the arena at
+the start of every call (`adapters`); variants that do not merge into one weight keep the modules path.
 
 The per-token log-probs it returns are those of the sampled token under `log_softmax(logits * (1/T))` over the
 whole vocabulary (before top-k/top-p/min-p filtering), which is what the trainer recomputes.

@@ -13,10 +13,11 @@ from torch import nn
 
 from ...dynamo_config import recompile_limit_raised
 from ..protocol import GenerationOutput, SamplingParams
+from .adapters import adapted_linears, merge_into
 from .attention import _ATTN_NAME, _register_attention
 from .fused import _fused_decoder_layer, _fused_final, _fused_spec, _FusedSpec, _layer_weights, _LayerWeights
 from .recompile import _RECOMPILE_LIMIT, _no_recompile
-from .state import _SamplerKey, _State, _StaticKV
+from .state import _Arena, _SamplerKey, _State, _StaticKV
 
 if TYPE_CHECKING:
     from ...config import TrainerConfig
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("launchgen.trainers.generation.fast_generate")
 
 DecodeImpl = Literal["auto", "fused", "modules"]
+#: Between calls: hold the cache (True), free it and the graphs (False), or lend its memory to training ("lend").
+KeepCache = bool | Literal["lend"]
 
 
 class FastGenerateBackend:
@@ -41,9 +44,12 @@ class FastGenerateBackend:
         decode_impl: "auto" takes the fused decode where `_fused_spec` recognises the model (Llama family) and
             the modules path elsewhere; "fused" insists (ValueError for other models); "modules" never fuses.
         compile: torch.compile the fused layer and LM-head functions; None = on CUDA only.
-        keep_cache: False releases the KV cache, the decode state and the captured graphs after every call (they
-            are rebuilt and recaptured on the next one), so the training phase does not hold that memory; the
-            recapture cost 0.22 ms per decode step over a 256-token call at the 0.5B shape on an H200.
+        keep_cache: what happens to the KV cache, the decode state (and LoRA's merged weights) between calls.
+            "lend" (default): their one flat buffer goes back to the caching allocator (training reuses it) and is
+            taken again next call; the captured graphs are kept and replay when it comes back at the same address,
+            else they are recaptured (`state._Arena`). True: held between calls. False: freed with the graphs and
+            handed back to the device (`empty_cache`); recaptured every call (0.22 ms per decode step over a
+            256-token call at the 0.5B shape on an H200).
         compile_backend: torch.compile backend (inductor; tests use aot_eager, which needs no C++ compiler).
     """
 
@@ -59,11 +65,13 @@ class FastGenerateBackend:
         capacity_multiple: int = 64,
         decode_impl: DecodeImpl = "auto",
         compile: bool | None = None,
-        keep_cache: bool = True,
+        keep_cache: KeepCache = "lend",
         compile_backend: str | Callable[..., Any] = "inductor",
     ) -> None:
         if decode_impl not in ("auto", "fused", "modules"):
             raise ValueError(f"decode_impl must be 'auto', 'fused' or 'modules', got {decode_impl!r}")
+        if keep_cache not in (True, False, "lend"):
+            raise ValueError(f"keep_cache must be True, False or 'lend', got {keep_cache!r}")
         if length_bucket < 1 or stop_check_interval < 1 or capacity_multiple < 1:
             raise ValueError("length_bucket, stop_check_interval and capacity_multiple must be >= 1")
         if accelerator is not None and hasattr(accelerator, "unwrap_model"):
@@ -91,6 +99,12 @@ class FastGenerateBackend:
 
         self.cache = _StaticKV(self.num_layers)
         self.state: _State | None = None
+        self._arena: _Arena | None = None
+        # LoRA: the adapted projections the fused decode reads merged weights for, and those weights (arena views,
+        # keyed by the module's id) while the arena is taken.
+        self._adapted: list[Any] = adapted_linears(self.decoder) if self._spec is not None else []
+        self._merged: dict[int, torch.Tensor] = {}
+        self._merged_in_arena = True
         self._pool: Any = None
         self._side_stream: torch.cuda.Stream | None = None
         # Decode steps the last call ran (prefill excluded); lets tests and benchmarks see the early stop.
@@ -183,12 +197,27 @@ class FastGenerateBackend:
         """Drop the cache, the state and with it every captured graph; their private memory pool goes with the
         last graph, and empty_cache hands the blocks back to the device."""
         self.state = None
-        self.cache.free()
+        self._lend()
+        self._merged = {}
+        self._arena = None
         self._pool = None
-        self._weights = []
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # the freed blocks may still be in use by queued work on other streams
             torch.cuda.empty_cache()
+
+    def _lend(self) -> None:
+        """Give the arena's buffer back to the caching allocator; the state keeps its graphs (see `_Arena`)."""
+        self.cache.free()
+        if self._merged_in_arena:
+            self._merged = {}
+        self._weights = []
+        if self._arena is not None:
+            self._arena.give_back()
+
+    def held_bytes(self) -> int:
+        """Device bytes of the arena (KV cache, decode state, merged LoRA weights) held now."""
+        a = self._arena
+        return a.nbytes if a is not None and a.buf is not None else 0
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> GenerationOutput:
         if not prompt_ids:
@@ -221,8 +250,10 @@ class FastGenerateBackend:
                 tokens, logprobs, n_steps = self._run(prompt_ids, params.max_tokens, key, sorted(stop))
         finally:
             self.model.train(was_training)
-            if not self.keep_cache:
+            if self.keep_cache is False:
                 self._release()
+            elif self.keep_cache == "lend":
+                self._lend()
         self.last_num_steps = n_steps
 
         completions: list[list[int]] = []
@@ -319,20 +350,34 @@ class FastGenerateBackend:
         return tuple(p.data_ptr() for p in self.model.parameters())
 
     def _ensure_state(self, batch: int, capacity: int, max_new: int, need_seen: bool) -> _State:
+        """The state of this shape, with the arena (KV cache and merged LoRA weights) laid out once per shape and
+        taken from the allocator again when it was lent out."""
         st = self.state
         dtype = self.amp_dtype or next(self.decoder.parameters()).dtype
-        if (st is not None and st.batch == batch and st.capacity == capacity and st.max_new == max_new
+        if not (st is not None and st.batch == batch and st.capacity == capacity and st.max_new == max_new
                 and (st.seen is not None or not need_seen) and st.mask.dtype == dtype):
-            return st
-        self.state = None
-        self.cache.free()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.cache.allocate(batch, self.kv_heads, self.head_dim, capacity, dtype, self.device)
-        st = _State(batch, capacity, max_new, self.vocab, dtype, self.device, need_seen)
-        self.state = st
-        if self.use_cuda_graphs:
-            self._pool = torch.cuda.graph_pool_handle()
+            self._release()
+            st = _State(batch, capacity, max_new, self.vocab, dtype, self.device, need_seen)
+            self.state = st
+            # The merged weights share the cache's buffer only in the cache's dtype (see `_Arena`); an fp32 model
+            # under autocast (cache in bf16) is not worth a second buffer: LoRA runs bf16 models.
+            self._merged_in_arena = all(m.get_base_layer().weight.dtype == dtype for m in self._adapted)
+            shapes = self.cache.shapes(batch, self.kv_heads, self.head_dim, capacity)
+            if self._merged_in_arena:
+                shapes += [tuple(m.get_base_layer().weight.shape) for m in self._adapted]
+            else:
+                self._merged = {id(m): torch.empty_like(m.get_base_layer().weight) for m in self._adapted}
+            self._arena = _Arena(shapes, dtype, self.device)
+            if self.use_cuda_graphs:
+                self._pool = torch.cuda.graph_pool_handle()
+        arena = self._arena
+        assert arena is not None
+        if arena.buf is None:
+            tensors = arena.take()
+            n_kv = 2 * self.num_layers
+            self.cache.bind(tensors[:n_kv], capacity)
+            if self._merged_in_arena:
+                self._merged = {id(m): t for m, t in zip(self._adapted, tensors[n_kv:], strict=True)}
         return st
 
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -433,10 +478,13 @@ class FastGenerateBackend:
         st = self._ensure_state(batch, capacity, max_new, key.repetition_penalty != 1.0)
         dev = self.device
         if self._spec is not None:
+            for m in self._adapted:  # the adapters as the optimizer left them
+                merge_into(m, self._merged[id(m)])
             dec: Any = self.decoder
-            self._weights = [_layer_weights(layer) for layer in dec.layers]
+            self._weights = [_layer_weights(layer, self._merged) for layer in dec.layers]
         if self.use_cuda_graphs:
-            weights_key = self._weights_key()
+            weights_key = (self._arena.ptr if self._arena is not None else 0, *self._weights_key(),
+                           *(t.data_ptr() for t in self._merged.values()))
             if weights_key != st.weights_key:
                 st.graphs.clear()
                 st.weights_key = weights_key

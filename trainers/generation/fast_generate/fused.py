@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapters import is_lora_layer, mergeable_base
 from .attention import _gqa_attention
 
 #: model_type values whose decoder layers `_fused_decoder_layer` reproduces (after the structural checks in
@@ -37,21 +38,32 @@ class _LayerWeights(NamedTuple):
     down_weight: torch.Tensor
 
 
-def _layer_weights(layer: Any) -> _LayerWeights:
-    """Read a layer's parameters now (not cached: the trainer may replace or move them between calls)."""
+def _layer_weights(layer: Any, merged: dict[int, torch.Tensor] | None = None) -> _LayerWeights:
+    """Read a layer's parameters now (not cached: the trainer may replace or move them between calls). A LoRA
+    projection reads its merged weight from `merged` (keyed by the module's id) and its base layer's bias."""
     attn, mlp = layer.self_attn, layer.mlp
     q_norm = getattr(attn, "q_norm", None)
     k_norm = getattr(attn, "k_norm", None)
+    table = merged or {}
+
+    def weight(m: Any) -> torch.Tensor:
+        w: torch.Tensor = table[id(m)] if is_lora_layer(m) else m.weight
+        return w
+
+    def bias(m: Any) -> torch.Tensor | None:
+        b: torch.Tensor | None = (m.get_base_layer() if is_lora_layer(m) else m).bias
+        return b
+
     return _LayerWeights(
         input_norm=layer.input_layernorm.weight,
-        q_weight=attn.q_proj.weight, q_bias=attn.q_proj.bias,
-        k_weight=attn.k_proj.weight, k_bias=attn.k_proj.bias,
-        v_weight=attn.v_proj.weight, v_bias=attn.v_proj.bias,
-        o_weight=attn.o_proj.weight,
+        q_weight=weight(attn.q_proj), q_bias=bias(attn.q_proj),
+        k_weight=weight(attn.k_proj), k_bias=bias(attn.k_proj),
+        v_weight=weight(attn.v_proj), v_bias=bias(attn.v_proj),
+        o_weight=weight(attn.o_proj),
         q_norm=None if q_norm is None else q_norm.weight,
         k_norm=None if k_norm is None else k_norm.weight,
         post_norm=layer.post_attention_layernorm.weight,
-        gate_weight=mlp.gate_proj.weight, up_weight=mlp.up_proj.weight, down_weight=mlp.down_proj.weight,
+        gate_weight=weight(mlp.gate_proj), up_weight=weight(mlp.up_proj), down_weight=weight(mlp.down_proj),
     )
 
 
@@ -138,7 +150,11 @@ def _norm_eps(norm: Any, size: int) -> float | None:
 
 
 def _plain_linear(m: Any, in_features: int, out_features: int, bias_ok: bool) -> bool:
-    # Exactly nn.Linear: LoRA wrappers and quantized linears (some subclass nn.Linear) compute something else.
+    # Exactly nn.Linear: quantized linears (some subclass nn.Linear) and other wrappers compute something else. A
+    # PEFT LoRA layer counts by its base layer when its adapters merge into one weight (`adapters`).
+    base = mergeable_base(m)
+    if base is not None:
+        m = base
     return (type(m) is nn.Linear and tuple(m.weight.shape) == (out_features, in_features)
             and m.weight.dtype.is_floating_point and (bias_ok or m.bias is None))
 
@@ -169,7 +185,8 @@ def _layer_constants(layer: Any, where: str, hidden: int, heads: int, kv_heads: 
             return f"{where}: {name} is not a plain nn.Linear of the expected shape"
     if not _plain_linear(getattr(attn, "o_proj", None), heads * head_dim, hidden, False):
         return f"{where}: o_proj is not a bias-free nn.Linear of the expected shape"
-    inter = getattr(getattr(mlp, "gate_proj", None), "out_features", None)
+    gate = getattr(mlp, "gate_proj", None)
+    inter = getattr(mergeable_base(gate) or gate, "out_features", None)
     if not isinstance(inter, int):
         return f"{where}: the MLP has no gate_proj"
     if not (_plain_linear(mlp.gate_proj, hidden, inter, False)

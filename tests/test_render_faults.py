@@ -1,0 +1,124 @@
+"""Faults found against 3388ad8 (issue 25), each on a real `--bash` run of the rendered script with the stand-in
+`vllm` and `accelerate` (tests/fakes/lifecycle_bin): a hang-up, a SIGKILL of the script, a server that hangs after
+it was healthy, a refused re-run into a used job directory, a re-run of a finished training."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from test_render_lifecycle import _alive, _env, _run, _server_pid, _spec, _write_script
+from tools import tool
+
+
+def _start(tmp: Path, script: Path, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(["bash", str(script)], cwd=tmp, env=_env(FAKE_VLLM_PIDFILE=str(tmp / "server.pid"), **extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_training(tmp: Path, proc: subprocess.Popen[str]) -> int:
+    """Until the trainer has taken a step; its pid."""
+    steps = tmp / "runs/local/trainer/steps.jsonl"
+    deadline = time.monotonic() + 30
+    while not steps.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the trainer took no step"
+        time.sleep(0.1)
+    return int(next((tmp / "runs/local/run/attempt-0/pids/local").glob("rank*.pid")).read_text())
+
+
+def _events(tmp: Path, attempt: int = 0) -> str:
+    return (tmp / f"runs/local/logs/attempt-{attempt}/events.log").read_text()
+
+
+def _status(tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([tool("launchgen"), "status", "local", "--job-dir", str(tmp / "runs/local")], cwd=tmp,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_hangup_stops_both_sides_and_counts_as_a_failure(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(max_steps=100000)))
+    trainer = _wait_training(tmp_path, proc)
+    proc.send_signal(signal.SIGHUP)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 129, err
+    assert not _alive(trainer) and not _alive(_server_pid(tmp_path))
+    events = _events(tmp_path)
+    assert "signal HUP" in events and "exit status=129" in events, events
+    st = _status(tmp_path)
+    assert st.returncode == 3, st.stdout + st.stderr
+    assert "exit 129" in st.stdout and "hang-up" in st.stdout, st.stdout
+
+
+def test_sigkill_of_the_script_leaves_no_step_running_and_status_says_so(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(max_steps=100000)))
+    trainer = _wait_training(tmp_path, proc)
+    server = _server_pid(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    # the watcher notices within a second, TERMs both process groups (the stand-ins stop at once) and records it
+    deadline = time.monotonic() + 20
+    while _alive(trainer) or _alive(server) or "exit status=137" not in _events(tmp_path):
+        assert time.monotonic() < deadline, f"trainer alive {_alive(trainer)}, server alive {_alive(server)}; " \
+                                            f"events:\n{_events(tmp_path)}"
+        time.sleep(0.2)
+    assert "signal KILL" in _events(tmp_path)
+    st = _status(tmp_path)
+    assert st.returncode == 3 and "running" not in st.stdout.split("\n", 3)[1], st.stdout
+    assert "exit 137" in st.stdout and "watcher" in st.stdout, st.stdout
+
+
+def test_a_server_that_hangs_after_it_was_healthy_fails_the_job_within_the_health_timeout(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(health_timeout=8, max_steps=100000)))
+    trainer = _wait_training(tmp_path, proc)
+    deadline = time.monotonic() + 20
+    while "server_healthy" not in _events(tmp_path):
+        assert time.monotonic() < deadline, _events(tmp_path)
+        time.sleep(0.2)
+    server = _server_pid(tmp_path)
+    os.kill(server, signal.SIGSTOP)  # alive, port open, never answers
+    stopped = time.monotonic()
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+    # no answer for 8 s, probes of at most 5 s each, 1 s polls; then the trainer stops (at once) and the server is
+    # TERMed (and CONTinued, so that a stopped process gets it)
+    assert time.monotonic() - stopped < 8 + 5 + 2 + 10, err
+    assert proc.returncode == 1, err
+    assert "stopped answering" in err and "server-local.log" in err, err
+    assert "server_failed health_lost" in _events(tmp_path)
+    assert not _alive(trainer)
+    st = _status(tmp_path)
+    assert st.returncode == 3 and "stopped answering /health" in st.stdout, st.stdout
+
+
+def test_a_refused_rerun_keeps_the_previous_records_and_never_says_complete(tmp_path: Path) -> None:
+    first = _write_script(tmp_path, _spec(max_steps=3))
+    assert _run(tmp_path, first, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid")).returncode == 0
+    job = tmp_path / "runs/local"
+    names = ["spec.yaml", "trainer.yaml", "accelerate.yaml", "job.sh", "steps/trainer.sh", "launchgen-plan.static.json"]
+    before = {n: (job / n).read_bytes() for n in names}
+    second = _write_script(tmp_path, _spec(max_steps=7))
+    # the stand-in trainer exits 2 as the real one does when it refuses to resume another config's checkpoint
+    res = _run(tmp_path, second, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"), FAKE_TRAINER_CRASH_AT_STEP="1",
+               FAKE_TRAINER_EXIT_CODE="2")
+    assert res.returncode == 2, res.stderr
+    assert "training complete" not in res.stderr, res.stderr
+    assert "the trainer refused this run" in res.stderr and "attempt-1/trainer-local.log" in res.stderr, res.stderr
+    assert {n: (job / n).read_bytes() for n in names} == before
+    refused = job / "logs/attempt-1/refused"
+    assert b"max_steps: 7" in (refused / "trainer.yaml").read_bytes()
+
+
+def test_a_rerun_of_a_finished_training_says_nothing_was_trained(tmp_path: Path) -> None:
+    script = _write_script(tmp_path, _spec(max_steps=3))
+    first = _run(tmp_path, script, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
+    assert first.returncode == 0 and "launchgen: training complete" in first.stderr, first.stderr
+    again = _run(tmp_path, script, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
+    assert again.returncode == 0, again.stderr
+    assert "training was already complete before this run" in again.stderr, again.stderr
+    assert "launchgen: training complete" not in again.stderr
