@@ -367,7 +367,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_75A756FCA01BBBB5'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -443,11 +443,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
         "exec",
         "--nv",
         "--bind",
-        "${LG_JOB_DIR}",
-        "--bind",
         "${LG_SUBMIT_DIR}",
         "--bind",
         "${LG_HF_CACHE}",
+        "--bind",
+        "${LG_JOB_DIR}",
         "docker://vllm/vllm-openai:v0.32.0",
         "vllm",
         "serve",
@@ -502,11 +502,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
       "exec",
       "--nv",
       "--bind",
-      "${LG_JOB_DIR}",
-      "--bind",
       "${LG_SUBMIT_DIR}",
       "--bind",
       "${LG_HF_CACHE}",
+      "--bind",
+      "${LG_JOB_DIR}",
       "--bind",
       "/scratch/datasets:/data:ro",
       "docker://registry.example.org/ml/launchgen-trainer:0.6",
@@ -547,9 +547,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_800BEAD9F4703E32
+LAUNCHGEN_EOF_75A756FCA01BBBB5
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_9CA600A3919CCB70'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_606A23A3D175B5D0'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -633,7 +633,7 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
 # signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
 # crash of one rank outweighs another's clean stop.
@@ -652,7 +652,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_9CA600A3919CCB70
+LAUNCHGEN_EOF_606A23A3D175B5D0
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -679,7 +679,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_7B89A1E2AEE97985'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_F2C5BE409F67158A'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -758,12 +758,12 @@ export APPTAINERENV_VLLM_HOST_IP
 lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 case $LG_SERVER_RANK in
   0)
-    exec apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
+    exec apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
     ;;
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_7B89A1E2AEE97985
+LAUNCHGEN_EOF_F2C5BE409F67158A
 
 if [[ -f ${BASH_SOURCE[0]:-} ]]; then
   cp -- "${BASH_SOURCE[0]}" "$LG_JOB_DIR/job.sh"
@@ -782,6 +782,9 @@ LG_HF_CACHE=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
 mkdir -p -- "$LG_HF_CACHE"
 HF_HOME=$LG_HF_CACHE
 export LG_SUBMIT_DIR LG_HF_CACHE HF_HOME
+# ch-run refuses to start without USER, which batch environments do not always carry
+USER=${USER:-$(id -un)}
+export USER
 # ---- nodes (roles by position) and ports
 LG_NODES=(local)
 LG_NODE_LIST="${LG_NODES[*]}"

@@ -378,7 +378,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_75A756FCA01BBBB5'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -454,11 +454,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
         "exec",
         "--nv",
         "--bind",
-        "${LG_JOB_DIR}",
-        "--bind",
         "${LG_SUBMIT_DIR}",
         "--bind",
         "${LG_HF_CACHE}",
+        "--bind",
+        "${LG_JOB_DIR}",
         "docker://vllm/vllm-openai:v0.32.0",
         "vllm",
         "serve",
@@ -513,11 +513,11 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
       "exec",
       "--nv",
       "--bind",
-      "${LG_JOB_DIR}",
-      "--bind",
       "${LG_SUBMIT_DIR}",
       "--bind",
       "${LG_HF_CACHE}",
+      "--bind",
+      "${LG_JOB_DIR}",
       "--bind",
       "/scratch/datasets:/data:ro",
       "docker://registry.example.org/ml/launchgen-trainer:0.6",
@@ -558,9 +558,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_800BEAD9F4703E32'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_800BEAD9F4703E32
+LAUNCHGEN_EOF_75A756FCA01BBBB5
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_047DE02E98AB0F8D'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_C97F3588D5D445AF'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -679,7 +679,7 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
 # signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
 # crash of one rank outweighs another's clean stop.
@@ -698,7 +698,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_047DE02E98AB0F8D
+LAUNCHGEN_EOF_C97F3588D5D445AF
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -725,7 +725,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_644312A387936818'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_2D736C38FC3335EC'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -839,12 +839,12 @@ export APPTAINERENV_VLLM_HOST_IP
 lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
 case $LG_SERVER_RANK in
   0)
-    exec apptainer exec --nv --bind "${LG_JOB_DIR}" --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
+    exec apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" docker://vllm/vllm-openai:v0.32.0 vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
     ;;
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_644312A387936818
+LAUNCHGEN_EOF_2D736C38FC3335EC
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
@@ -865,6 +865,9 @@ LG_HF_CACHE=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
 mkdir -p -- "$LG_HF_CACHE"
 HF_HOME=$LG_HF_CACHE
 export LG_SUBMIT_DIR LG_HF_CACHE HF_HOME
+# ch-run refuses to start without USER, which batch environments do not always carry
+USER=${USER:-$(id -un)}
+export USER
 # ---- nodes (roles by position) and ports
 mapfile -t LG_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if ((${#LG_NODES[@]} != 1)); then

@@ -832,6 +832,9 @@ LG_HF_CACHE=${HF_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/huggingface}
 mkdir -p -- "$LG_HF_CACHE"
 HF_HOME=$LG_HF_CACHE
 export LG_SUBMIT_DIR LG_HF_CACHE HF_HOME
+# ch-run refuses to start without USER, which batch environments do not always carry
+USER=${USER:-$(id -un)}
+export USER
 # ---- nodes (roles by position) and ports
 mapfile -t LG_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 if ((${#LG_NODES[@]} != 1)); then
@@ -994,7 +997,7 @@ trap lg_on_usr2 USR2
 lg_event "server_start nodes=$LG_SERVER_NODES"
 # --overlap: steps share the nodes' GPUs and CPUs (the plan keeps their GPUs apart); explicit counts, since
 # srun otherwise inherits the job's task count; --export=ALL even where the site defaults to NONE
-srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_SERVER_NODELIST" '--container-image=nvcr.io#nvidia/vllm:25.09-py3' --container-mounts="${LG_JOB_DIR}" --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-workdir="${LG_SUBMIT_DIR}" \
+srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_SERVER_NODELIST" '--container-image=nvcr.io#nvidia/vllm:25.09-py3' --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts="${LG_JOB_DIR}" --container-workdir="${LG_SUBMIT_DIR}" \
   bash "$LG_JOB_DIR/steps/server.sh" </dev/null &
 LG_SERVER_PID=$!
 
@@ -1003,7 +1006,7 @@ LG_SERVER_PID=$!
 lg_event "trainer_start nodes=$LG_TRAIN_NODES"
 # --overlap: steps share the nodes' GPUs and CPUs (the plan keeps their GPUs apart); explicit counts, since
 # srun otherwise inherits the job's task count; --export=ALL even where the site defaults to NONE
-srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_TRAIN_NODELIST" '--container-image=registry.example.org#ml/launchgen-trainer:0.6' --container-mounts="${LG_JOB_DIR}" --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts=/lustre/datasets:/data:ro --container-workdir="${LG_SUBMIT_DIR}" --container-env=WANDB_API_KEY \
+srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "$LG_TRAIN_NODELIST" '--container-image=registry.example.org#ml/launchgen-trainer:0.6' --container-mounts="${LG_SUBMIT_DIR}" --container-mounts="${LG_HF_CACHE}" --container-mounts="${LG_JOB_DIR}" --container-mounts=/lustre/datasets:/data:ro --container-workdir="${LG_SUBMIT_DIR}" --container-env=WANDB_API_KEY \
   bash "$LG_JOB_DIR/steps/trainer.sh" </dev/null &
 LG_TRAINER_PID=$!
 
