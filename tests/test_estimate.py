@@ -248,6 +248,7 @@ def test_plan_shows_per_gpu_memory_of_tp8_server_and_zero3_trainers() -> None:
     assert "KV cache:" in out and "8192-token seqs" in out
     assert "weight sync: 145.4 GB per optimizer step (every parameter) over infiniband" in out
     assert "rough bound" in out
+    assert "server: the smallest TP that fits is 4" in " ".join(out.split())  # 72B in bf16 on 80 GB GPUs
     mine = out[out.index("Memory per GPU"):].splitlines()
     assert max(len(line.rstrip()) for line in mine if "│" in line or "┃" in line) <= 80
     js = _run("plan", str(EXAMPLE), "--format", "json")
