@@ -156,7 +156,6 @@ def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
              "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
     if plan.preflight:
         steps["steps/preflight.sh"] = env.get_template("steps/preflight.sh.j2").render(ctx)
-        steps["steps/preflight.py"] = allocprobe.source()
     if plan.server is not None:
         for r in plan.server.replicas:  # one step script per replica (steps/server.sh, steps/server-r1.sh, ...)
             steps[r.step] = env.get_template("steps/server.sh.j2").render({**ctx, "replica": r})
@@ -172,6 +171,8 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
         plan.layout.plan_static_json: json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n",
     }
     files.update(render_steps(plan, scheduler))
+    if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3
+        files["steps/preflight.py"] = allocprobe.source()
     return files
 
 

@@ -102,7 +102,7 @@ lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
 # this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
 lg_keep_records() {
   local f
-  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/preflight.sh steps/preflight.py steps/server.sh job.sbatch; do
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/preflight.sh steps/server.sh steps/preflight.py job.sbatch; do
     if [[ -f $1/$f ]]; then
       mkdir -p -- "$(dirname -- "$2/$f")"
       cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
@@ -724,6 +724,121 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
 LAUNCHGEN_EOF_EAF896F509F86329
 
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_987BE4FAEF6FEA90'
+#!/bin/bash
+# launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
+set -euo pipefail
+LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
+exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
+# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
+# first line (children inherit it), so the server never dies of it; the trainer processes install their own
+# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
+trap '' USR2
+# the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
+if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
+  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.tmp"
+  mv -f -- "$LAUNCHGEN_PID_DIR/server.step.tmp" "$LAUNCHGEN_PID_DIR/server.step"
+fi
+
+# timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
+lg_log() {
+  local ts
+  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
+  printf '%s launchgen: %s\n' "$ts" "$*" >&2
+}
+
+lg_index_of() {
+  local needle=$1 i=0 x
+  shift
+  for x in "$@"; do
+    if [[ $x == "$needle" ]]; then
+      echo "$i"
+      return 0
+    fi
+    i=$((i + 1))
+  done
+  return 1
+}
+
+# A node's cluster address (not 0.0.0.0: dev-mode routes are unauthenticated), resolved here, skipping loopback:
+# /etc/hosts often maps a host's own name to 127.0.1.1 (the Debian/Ubuntu default), which other nodes cannot reach.
+# Loopback alone is kept only where it is right: no other node of the job resolves elsewhere (one node, or every
+# node on this host as in a one-machine test cluster).
+lg_node_addr() {
+  local -a answers nodes
+  local addr="" a n other
+  mapfile -t answers < <(getent ahostsv4 "$1" | awk '!seen[$1]++ { print $1 }')
+  for a in "${answers[@]}"; do
+    if [[ $a != 127.* ]]; then
+      addr=$a
+      break
+    fi
+  done
+  if [[ -z $addr && ${#answers[@]} -gt 0 ]]; then
+    read -r -a nodes <<<"${LG_NODE_LIST:-}"
+    for n in "${nodes[@]}"; do
+      [[ $n != "$1" ]] || continue
+      other=$(getent ahostsv4 "$n" | awk 'NR == 1 { print $1 }') || true
+      if [[ -n $other && $other != 127.* ]]; then
+        echo "launchgen: node $1 resolves only to loopback (${answers[0]}; getent ahostsv4, e.g. /etc/hosts mapping the host name to 127.0.1.1) while node $n is at $other: other nodes could not reach it. Set vllm.bind to an address of the server node, and map each node's name to its cluster address in /etc/hosts or DNS" >&2
+        return 1
+      fi
+    done
+    addr=${answers[0]}
+  fi
+  if [[ -z $addr ]]; then
+    echo "launchgen: cannot resolve node $1 to an IPv4 address (getent ahostsv4); set vllm.bind to an address" >&2
+    return 1
+  fi
+  echo "$addr"
+}
+
+# GPU positions from the plan -> device ids, through this step's own CUDA_VISIBLE_DEVICES when SLURM (or the
+# caller) set one, so non-contiguous and UUID allocations work; plain indices otherwise
+lg_select_gpus() {
+  local -a avail=() out=()
+  local p
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -r -a avail <<<"$CUDA_VISIBLE_DEVICES"
+  fi
+  for p in "$@"; do
+    if ((${#avail[@]} == 0)); then
+      out+=("$p")
+    elif ((p < ${#avail[@]})); then
+      out+=("${avail[p]}")
+    else
+      echo "launchgen: GPU position $p is not in this step's CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2
+      return 1
+    fi
+  done
+  local IFS=,
+  echo "${out[*]}"
+}
+
+
+read -r -a lg_roster <<<"$LG_SERVER_NODES"
+if ! LG_SERVER_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
+  lg_log "ERROR: node $LG_NODE is not a server node ($LG_SERVER_NODES)"
+  exit 1
+fi
+LG_NODE_ADDR=$(lg_node_addr "$LG_NODE")
+LG_SERVER_BIND=$LG_NODE_ADDR
+CUDA_VISIBLE_DEVICES="$(lg_select_gpus 0 1 2 3)"
+export CUDA_VISIBLE_DEVICES
+export VLLM_SERVER_DEV_MODE=1
+VLLM_HOST_IP="$LG_NODE_ADDR"
+export VLLM_HOST_IP
+
+lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+case $LG_SERVER_RANK in
+  0)
+    exec vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
+    ;;
+esac
+lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
+exit 1
+LAUNCHGEN_EOF_987BE4FAEF6FEA90
+
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_FD289AC60ACB94C2'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
@@ -999,121 +1114,6 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 LAUNCHGEN_EOF_FD289AC60ACB94C2
-
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_987BE4FAEF6FEA90'
-#!/bin/bash
-# launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
-set -euo pipefail
-LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
-exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
-# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
-# first line (children inherit it), so the server never dies of it; the trainer processes install their own
-# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
-trap '' USR2
-# the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
-if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.tmp"
-  mv -f -- "$LAUNCHGEN_PID_DIR/server.step.tmp" "$LAUNCHGEN_PID_DIR/server.step"
-fi
-
-# timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
-lg_log() {
-  local ts
-  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
-  printf '%s launchgen: %s\n' "$ts" "$*" >&2
-}
-
-lg_index_of() {
-  local needle=$1 i=0 x
-  shift
-  for x in "$@"; do
-    if [[ $x == "$needle" ]]; then
-      echo "$i"
-      return 0
-    fi
-    i=$((i + 1))
-  done
-  return 1
-}
-
-# A node's cluster address (not 0.0.0.0: dev-mode routes are unauthenticated), resolved here, skipping loopback:
-# /etc/hosts often maps a host's own name to 127.0.1.1 (the Debian/Ubuntu default), which other nodes cannot reach.
-# Loopback alone is kept only where it is right: no other node of the job resolves elsewhere (one node, or every
-# node on this host as in a one-machine test cluster).
-lg_node_addr() {
-  local -a answers nodes
-  local addr="" a n other
-  mapfile -t answers < <(getent ahostsv4 "$1" | awk '!seen[$1]++ { print $1 }')
-  for a in "${answers[@]}"; do
-    if [[ $a != 127.* ]]; then
-      addr=$a
-      break
-    fi
-  done
-  if [[ -z $addr && ${#answers[@]} -gt 0 ]]; then
-    read -r -a nodes <<<"${LG_NODE_LIST:-}"
-    for n in "${nodes[@]}"; do
-      [[ $n != "$1" ]] || continue
-      other=$(getent ahostsv4 "$n" | awk 'NR == 1 { print $1 }') || true
-      if [[ -n $other && $other != 127.* ]]; then
-        echo "launchgen: node $1 resolves only to loopback (${answers[0]}; getent ahostsv4, e.g. /etc/hosts mapping the host name to 127.0.1.1) while node $n is at $other: other nodes could not reach it. Set vllm.bind to an address of the server node, and map each node's name to its cluster address in /etc/hosts or DNS" >&2
-        return 1
-      fi
-    done
-    addr=${answers[0]}
-  fi
-  if [[ -z $addr ]]; then
-    echo "launchgen: cannot resolve node $1 to an IPv4 address (getent ahostsv4); set vllm.bind to an address" >&2
-    return 1
-  fi
-  echo "$addr"
-}
-
-# GPU positions from the plan -> device ids, through this step's own CUDA_VISIBLE_DEVICES when SLURM (or the
-# caller) set one, so non-contiguous and UUID allocations work; plain indices otherwise
-lg_select_gpus() {
-  local -a avail=() out=()
-  local p
-  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-    IFS=, read -r -a avail <<<"$CUDA_VISIBLE_DEVICES"
-  fi
-  for p in "$@"; do
-    if ((${#avail[@]} == 0)); then
-      out+=("$p")
-    elif ((p < ${#avail[@]})); then
-      out+=("${avail[p]}")
-    else
-      echo "launchgen: GPU position $p is not in this step's CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2
-      return 1
-    fi
-  done
-  local IFS=,
-  echo "${out[*]}"
-}
-
-
-read -r -a lg_roster <<<"$LG_SERVER_NODES"
-if ! LG_SERVER_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
-  lg_log "ERROR: node $LG_NODE is not a server node ($LG_SERVER_NODES)"
-  exit 1
-fi
-LG_NODE_ADDR=$(lg_node_addr "$LG_NODE")
-LG_SERVER_BIND=$LG_NODE_ADDR
-CUDA_VISIBLE_DEVICES="$(lg_select_gpus 0 1 2 3)"
-export CUDA_VISIBLE_DEVICES
-export VLLM_SERVER_DEV_MODE=1
-VLLM_HOST_IP="$LG_NODE_ADDR"
-export VLLM_HOST_IP
-
-lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-case $LG_SERVER_RANK in
-  0)
-    exec vllm serve Qwen/Qwen2.5-7B --dtype bfloat16 --tensor-parallel-size 4 --gpu-memory-utilization 0.9 --max-model-len 4096 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}"
-    ;;
-esac
-lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
-exit 1
-LAUNCHGEN_EOF_987BE4FAEF6FEA90
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
