@@ -4,7 +4,8 @@
 # benchmarks/RESULTS.md measured them) next to launchgen/estimate.py's prediction. Carried: .whl (transformers
 # 5.22.2, accelerate 1.16.0, peft 0.21.2, liger-kernel 0.8.5, pydantic 2.14.4 + pydantic-core, annotated-types,
 # typing-inspection). Logs and tables under $OUT.
-#   bash benchmarks/estimate_session.sh
+#   bash benchmarks/estimate_session.sh            # the five configs
+#   PART2=1 bash benchmarks/estimate_session.sh    # configs 1 and 3 without checkpointing; config 1 full steps
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -16,8 +17,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
   grep '"peak_mem_gib"\|Error' "$OUT/$name.log" | cut -c1-400 | tail -n 12; echo "== $name rc=$rc in $((SECONDS - t0)) s"; }
-step gvt 150 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1,3,2 --modes train --trainers launchgen \
+[ "${PART2:-0}" = 1 ] || step gvt 150 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1,3,2 --modes train --trainers launchgen \
   --steps 2 --warmup 1 --out "$OUT/gvt" --workdir /tmp/bench
-step lora 100 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 3b --modes train --trainers launchgen-full,launchgen-lora \
+[ "${PART2:-0}" = 1 ] || step lora 100 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 3b --modes train --trainers launchgen-full,launchgen-lora \
   --lora-dropout 0 --steps 2 --warmup 1 --out "$OUT/lora" --workdir /tmp/bench
+if [ "${PART2:-0}" = 1 ]; then  # the second call: without gradient checkpointing, and full steps with generation
+  step nogc 120 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1,3 --modes train --trainers launchgen \
+    --gradient-checkpointing off --steps 2 --warmup 1 --out "$OUT/nogc" --workdir /tmp/bench
+  step full 90 python3 "$REPO/benchmarks/grpo_vs_trl.py" --configs 1 --modes full --trainers launchgen \
+    --steps 2 --warmup 1 --gen-configs none --out "$OUT/full" --workdir /tmp/bench
+  python3 "$REPO/benchmarks/estimate_vs_measured.py" "$OUT"/nogc/results.jsonl "$OUT"/full/results.jsonl | tee "$OUT/table2.md"
+  exit 0
+fi
 python3 "$REPO/benchmarks/estimate_vs_measured.py" "$OUT"/gvt/results.jsonl "$OUT"/lora/results.jsonl | tee "$OUT/table.md"

@@ -7,6 +7,8 @@ the measured peak. Torch-free: the prediction runs anywhere; the measurement com
 (`benchmarks/estimate_session.sh`).
 
     python benchmarks/estimate_vs_measured.py OUT/gvt/results.jsonl OUT/lora/results.jsonl
+    cd benchmarks/results/estimate-h200 && python ../../estimate_vs_measured.py gvt-results.jsonl \
+        lora-results.jsonl off:nogc-results.jsonl full-results.jsonl        # the table in RESULTS.md
 """
 
 from __future__ import annotations
@@ -34,25 +36,27 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int, int]] = {
 ROWS, PROMPT = 64, 32
 
 
-def predict(key: str, lora: bool, overrides: list[str]) -> float:
+def predict(key: str, lora: bool, overrides: list[str], checkpointing: bool = True, full: bool = False) -> float:
     h, layers, heads, kv, inter, vocab, completion = SHAPES[key]
     shape = ModelShape(h, layers, heads, kv, inter, vocab, tie_word_embeddings=True, qkv_bias=True)
     sets = dict(o.split("=", 1) for o in overrides)
     mtpf = int(sets["max_tokens_per_forward"]) if "max_tokens_per_forward" in sets else None
     setup = TrainerSetup(
-        backend="ddp", processes=1, precision="bf16", weight_dtype="bfloat16", gradient_checkpointing=True,
+        backend="ddp", processes=1, precision="bf16", weight_dtype="bfloat16", gradient_checkpointing=checkpointing,
         rows=ROWS, prompt_tokens=PROMPT, completion_tokens=completion, max_tokens_per_forward=mtpf,
         lora_r=16 if lora else None, lora_targets=tuple(shape.layer_linears()) if lora else (),
+        generation_kv_rows=ROWS if full else 0,  # full steps: the hf engine's static KV cache stays allocated
     )
     return allocated_gib(trainer_estimate(shape, setup, None))
 
 
 def label(row: dict[str, Any]) -> tuple[str, str, bool] | None:
-    if row.get("mode") != "train" or "peak_mem_gib" not in row:
+    if row.get("mode") not in ("train", "full") or "peak_mem_gib" not in row:
         return None
+    mode = "" if row["mode"] == "train" else ", full GRPO steps (generation too)"
     if "config" in row and row.get("trainer") == "launchgen":
-        return f"cfg{row['config']}", f"config {row['config']} ({row['shape']}), full FT", False
-    if row.get("trainer") in ("launchgen-full", "launchgen-lora"):
+        return f"cfg{row['config']}", f"config {row['config']} ({row['shape']}), full FT{mode}", False
+    if row.get("trainer") in ("launchgen-full", "launchgen-lora") and row["mode"] == "train":
         lora = row["trainer"] == "launchgen-lora"
         extra = f", {';'.join(row['set'])}" if row.get("set") else ""
         return row["shape"], f"{row['shape']} shape, {'LoRA r=16 all-linear' if lora else 'full FT'}{extra}", lora
@@ -62,14 +66,21 @@ def label(row: dict[str, Any]) -> tuple[str, str, bool] | None:
 def main(paths: list[str]) -> int:
     lines = ["| run | measured peak GiB | predicted GiB | predicted / measured |", "|---|---|---|---|"]
     worst = 0.0
-    for p in paths:
+    for arg in paths:
+        # `off:PATH`: rows measured without gradient checkpointing (else versions.json beside them says)
+        off, _, p = arg.rpartition(":") if arg.startswith("off:") else ("", "", arg)
+        versions = Path(p).parent / "versions.json"
+        gc = "off" if off else (json.loads(versions.read_text()).get("gradient_checkpointing", "on")
+                                if versions.is_file() else "on")
         for text in Path(p).read_text().splitlines():
             row = json.loads(text)
             got = label(row)
             if got is None:
                 continue
             key, name, lora = got
-            pred = predict(key, lora, row.get("set") or [])
+            if gc == "off":
+                name += ", no gradient checkpointing"
+            pred = predict(key, lora, row.get("set") or [], gc != "off", row["mode"] == "full")
             meas = float(row["peak_mem_gib"])
             worst = max(worst, abs(pred / meas - 1))
             lines.append(f"| {name} | {meas:.2f} | {pred:.2f} | {pred / meas:.2f} ({(pred / meas - 1) * 100:+.0f} %) |")

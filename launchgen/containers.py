@@ -8,7 +8,7 @@ apptainer's starter forwards signals). pyxis instead takes its options on the st
 whole step script inside the image, which must then have `bash` (every NGC image does).
 
 Whatever reaches a shell goes through the plan's words (`render.word` quotes them); this module only decides
-which words. Nothing here reads files (the checks in `launchgen.containerchecks` do).
+which words. Nothing here reads files (the checks in `launchgen.checks.spec.containers` do).
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from launchgen.spec import ContainerSection, Spec
 
 RoleName = Literal["server", "trainer"]
 
-#: What every container mounts at the same path: the job directory (configs, logs, pid files, checkpoints), the
-#: submit directory (relative paths in the spec) and the Hugging Face cache. The batch script sets the variables.
-STANDARD_MOUNTS: tuple[Ref, ...] = (Ref("LG_JOB_DIR"), Ref("LG_SUBMIT_DIR"), Ref("LG_HF_CACHE"))
+#: What every container mounts at the same path: the submit directory (relative paths in the spec), the Hugging
+#: Face cache and the job directory (configs, logs, pid files, checkpoints); the batch script sets the variables.
+#: The job directory comes last: under the default relative job.output_dir it lies inside the submit directory,
+#: whose mount then already provides its mount point (ch-run cannot create one in a read-only image).
+STANDARD_MOUNTS: tuple[Ref, ...] = (Ref("LG_SUBMIT_DIR"), Ref("LG_HF_CACHE"), Ref("LG_JOB_DIR"))
 #: URI schemes of registry images (apptainer's; enroot's `docker://`); pyxis also takes a bare `registry#image`.
 REGISTRY_SCHEMES = ("docker://", "oras://", "library://", "shub://", "docker-daemon:", "dockerd://")
 

@@ -65,11 +65,14 @@ SERVER_BATCHED_TOKENS = 8192
 SERVER_MAX_SEQS = 256
 #: Per trainer process, outside the allocator's count: CUDA context, cuBLAS/NCCL workspaces.
 TRAINER_RESERVE_GIB = 1.0
-#: Activation bytes per token per decoder layer, in units of the bf16 element: what autograd keeps for a
-#: Llama-family layer (norm inputs/outputs, q/k/v, attention output, MLP gate/up/activation/product).
-ACT_HIDDEN_UNITS = 8
-ACT_KV_UNITS = 4
-ACT_INTERMEDIATE_UNITS = 4
+#: Activation bytes per token per decoder layer, in units of a bf16 element per hidden / KV / intermediate
+#: feature: what autograd keeps for a Llama-family layer (norms, q/k/v, attention output, the SwiGLU MLP's inputs).
+#: Fitted to the two runs without gradient checkpointing in benchmarks/RESULTS.md (Qwen2.5-0.5B and 1.5B shapes,
+#: compiled layers, 18,432 tokens: 40.0 and 71.8 kB per token per layer); the a-priori 8 / 4 / 4 over-estimated
+#: them by 30 %. The runs with checkpointing, which use it for one layer's working set, were not fitted.
+ACT_HIDDEN_UNITS = 9.4
+ACT_KV_UNITS = 4.0
+ACT_INTERMEDIATE_UNITS = 2.3
 #: fp32 tiles of the log-prob head alive at once (logits, scaled, log-softmax, its gradient).
 LOGIT_TILE_COPIES = 4
 #: Above this share of the GPU a role is reported as tight (a warning); above the GPU, as not fitting.
@@ -351,8 +354,8 @@ def activation_bytes(shape: ModelShape, s: TrainerSetup) -> tuple[int, int, int]
     """(checkpointed/kept layer activations, one layer's working set, the log-prob head's working set) bytes of
     one forward/backward pass: a rough bound."""
     t = s.tokens_per_pass
-    per_layer = 2 * (ACT_HIDDEN_UNITS * shape.hidden_size + ACT_KV_UNITS * shape.num_key_value_heads * shape.head_size
-                     + ACT_INTERMEDIATE_UNITS * shape.intermediate_size)
+    per_layer = int(2 * (ACT_HIDDEN_UNITS * shape.hidden_size + ACT_KV_UNITS * shape.num_key_value_heads
+                         * shape.head_size + ACT_INTERMEDIATE_UNITS * shape.intermediate_size))
     kept = t * shape.hidden_size * 2 if s.gradient_checkpointing else t * per_layer
     head = LOGIT_TILE_COPIES * s.logits_chunk_mib * 2**20 + t * shape.hidden_size * 2 * 2
     return kept * shape.num_hidden_layers, t * per_layer, head

@@ -36,12 +36,12 @@ class ReportDependencyError(RuntimeError):
     """plotly is not installed (the `report` extra)."""
 
 
-def _go() -> Any:
+def _pio() -> Any:
     try:
-        import plotly.graph_objects as go
+        import plotly.io as pio
     except ImportError:
         raise ReportDependencyError(INSTALL_HINT) from None
-    return go
+    return pio
 
 
 def _when(t: float) -> str:
@@ -53,77 +53,88 @@ def _colour(lane: Lane) -> str:
     return _ROLE_COLOURS["server" if lane.role.startswith("server") else lane.role]
 
 
-def timeline_figure(rep: RunReport) -> Any:
-    go = _go()
-    fig = go.Figure()
+# The figures are plotly figure specs (plain dicts, plotly.js's own schema) handed to plotly.io unvalidated:
+# building them as plotly.graph_objects runs plotly's Python validators, which took most of `report`'s time.
+# tests/test_report.py renders them in Chromium, where plotly.js would refuse what is malformed.
+Figure = dict[str, Any]
+
+
+def timeline_figure(rep: RunReport) -> Figure:
     lanes = [ln for ln in rep.lanes if ln.start is not None and ln.end is not None]
     names = [ln.name for ln in lanes]
+    data: list[dict[str, Any]] = []
     if lanes:
-        fig.add_trace(go.Bar(
-            name="role running", orientation="h", y=names,
-            base=[_when(ln.start or 0.0) for ln in lanes],
-            x=[max(((ln.end or 0.0) - (ln.start or 0.0)) * 1000.0, 1.0) for ln in lanes],
-            marker={"color": [_colour(ln) for ln in lanes], "opacity": 0.45,
-                    "line": {"color": ["#d62728" if ln.first_to_end else _colour(ln) for ln in lanes],
-                             "width": [3 if ln.first_to_end else 1 for ln in lanes]}},
-            hovertext=[f"{ln.name}: {(ln.end or 0) - (ln.start or 0):.1f} s"
-                       + (f"; {ln.how}" if ln.how else "") + ("; ENDED FIRST" if ln.first_to_end else "")
-                       for ln in lanes],
-            hoverinfo="text",
-        ))
+        data.append({
+            "type": "bar", "name": "role running", "orientation": "h", "y": names,
+            "base": [_when(ln.start or 0.0) for ln in lanes],
+            "x": [max(((ln.end or 0.0) - (ln.start or 0.0)) * 1000.0, 1.0) for ln in lanes],
+            "marker": {"color": [_colour(ln) for ln in lanes], "opacity": 0.45,
+                       "line": {"color": ["#d62728" if ln.first_to_end else _colour(ln) for ln in lanes],
+                                "width": [3 if ln.first_to_end else 1 for ln in lanes]}},
+            "hovertext": [f"{html.escape(ln.name)}: {(ln.end or 0) - (ln.start or 0):.1f} s"
+                          + (f"; {html.escape(ln.how)}" if ln.how else "")
+                          + ("; ENDED FIRST" if ln.first_to_end else "") for ln in lanes],
+            "hoverinfo": "text",
+        })
     for kind, (legend, symbol, colour) in _MARKS.items():
         pts = [(m, ln) for ln in lanes for m in ln.marks if m.kind == kind]
-        if not pts:
-            continue
-        fig.add_trace(go.Scatter(
-            name=legend, mode="markers", x=[_when(m.t) for m, _ in pts], y=[ln.name for _, ln in pts],
-            marker={"symbol": symbol, "color": colour, "size": 7 if kind == "step" else 11,
-                    "line": {"width": 1, "color": "#ffffff"}},
-            hovertext=[f"{ln.name}<br>{html.escape(m.label)}" for m, ln in pts], hoverinfo="text",
-        ))
-    fig.update_layout(
-        title={"text": "Timeline (UTC): each role per node per attempt; red outline = the role that ended first"},
-        barmode="overlay", height=max(300, 110 + 34 * len(lanes)), margin={"l": 10, "r": 10, "t": 50, "b": 60},
-        xaxis={"type": "date", "title": None}, yaxis={"categoryorder": "array", "categoryarray": names[::-1],
-                                                      "automargin": True},
-        legend={"orientation": "h", "y": -0.15}, template="plotly_white",
-    )
-    return fig
+        if pts:
+            data.append({
+                "type": "scatter", "name": legend, "mode": "markers", "x": [_when(m.t) for m, _ in pts],
+                "y": [ln.name for _, ln in pts],
+                "marker": {"symbol": symbol, "color": colour, "size": 7 if kind == "step" else 11,
+                           "line": {"width": 1, "color": "#ffffff"}},
+                "hovertext": [f"{html.escape(ln.name)}<br>{html.escape(m.label)}" for m, ln in pts],
+                "hoverinfo": "text",
+            })
+    layout = {
+        "title": {"text": "Timeline (UTC): each role per node per attempt; red outline = the role that ended first",
+                  "x": 0.01, "xanchor": "left"},
+        "barmode": "overlay", "height": max(300, 110 + 34 * len(lanes)),
+        "margin": {"l": 10, "r": 10, "t": 50, "b": 60},
+        "xaxis": {"type": "date"}, "yaxis": {"categoryorder": "array", "categoryarray": names[::-1],
+                                             "automargin": True},
+        "legend": {"orientation": "h", "y": -0.15},
+    }
+    return {"data": data, "layout": layout}
 
 
-def _add_lines(fig: Any, go: Any, curves: list[Curve], row: int, col: int) -> None:
-    for c in curves:
-        fig.add_trace(go.Scatter(name=c.title, x=c.steps, y=c.values, mode="lines+markers",
-                                 legendgroup=f"{row}-{col}", showlegend=len(curves) > 1), row=row, col=col)
+#: the curves' 3 x 2 grid: (x domain, y domain) per panel, row by row
+_COLS = ((0.0, 0.44), (0.56, 1.0))
+_ROWS = ((0.76, 1.0), (0.38, 0.62), (0.0, 0.24))
 
 
-def curves_figure(rep: RunReport) -> Any:
-    go = _go()
-    from plotly.subplots import make_subplots
-
+def curves_figure(rep: RunReport) -> Figure:
     panels = list(rep.curves.items())
     titles = [panels[0][0], panels[1][0], panels[2][0], "step time split (s)", panels[3][0], panels[4][0]]
-    fig = make_subplots(rows=3, cols=2, subplot_titles=titles, horizontal_spacing=0.08, vertical_spacing=0.1)
-    cells = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
     content: list[list[Curve]] = [panels[0][1], panels[1][1], panels[2][1], rep.phases, panels[3][1], panels[4][1]]
-    for i, ((row, col), curves) in enumerate(zip(cells, content, strict=True)):
-        if i == 3:
-            for c in curves:
-                fig.add_trace(go.Bar(name=c.title, x=c.steps, y=c.values, legendgroup="phases"), row=row, col=col)
-        else:
-            _add_lines(fig, go, curves, row, col)
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {"barmode": "stack", "height": 900,
+                              "title": {"text": f"Training curves ({rep.steps} logged step(s))", "x": 0.01,
+                                        "xanchor": "left"},
+                              "margin": {"l": 10, "r": 10, "t": 70, "b": 40}, "annotations": []}
+    for i, (title, curves) in enumerate(zip(titles, content, strict=True)):
+        n = "" if i == 0 else str(i + 1)
+        xd, yd = _COLS[i % 2], _ROWS[i // 2]
+        layout[f"xaxis{n}"] = {"domain": list(xd), "anchor": f"y{n}", "title": {"text": "step"}}
+        layout[f"yaxis{n}"] = {"domain": list(yd), "anchor": f"x{n}", "automargin": True}
+        layout["annotations"].append({"text": title, "showarrow": False, "xref": "paper", "yref": "paper",
+                                      "x": sum(xd) / 2, "y": yd[1], "xanchor": "center", "yanchor": "bottom",
+                                      "font": {"size": 15}})
         if not curves:
-            # in paper coordinates at the panel's centre: plotly.js does not resolve an `x<n> domain` reference
-            # to an axis that holds no trace
-            axis = "" if i == 0 else str(i + 1)
-            xd, yd = fig.layout[f"xaxis{axis}"].domain, fig.layout[f"yaxis{axis}"].domain
-            fig.add_annotation(text="not recorded by this run", showarrow=False, font={"color": "#888"},
-                               xref="paper", yref="paper", x=(xd[0] + xd[1]) / 2, y=(yd[0] + yd[1]) / 2)
-        fig.update_xaxes(title_text="step", row=row, col=col)
-    fig.update_layout(barmode="stack", height=900, template="plotly_white",
-                      title={"text": f"Training curves ({rep.steps} logged step(s))"},
-                      margin={"l": 10, "r": 10, "t": 70, "b": 40})
-    return fig
+            layout["annotations"].append({"text": "not recorded by this run", "showarrow": False,
+                                          "font": {"color": "#888"}, "xref": "paper", "yref": "paper",
+                                          "x": sum(xd) / 2, "y": sum(yd) / 2})
+        for c in curves:
+            trace: dict[str, Any] = {"name": c.title, "x": c.steps, "y": c.values, "xaxis": f"x{n}",
+                                     "yaxis": f"y{n}"}
+            if i == 3:
+                trace.update(type="bar", legendgroup="phases")
+            else:
+                trace.update(type="scatter", mode="lines+markers", legendgroup=f"panel{i}",
+                             showlegend=len(curves) > 1)
+            data.append(trace)
+    return {"data": data, "layout": layout}
 
 
 _PAGE = """<!DOCTYPE html>
@@ -136,6 +147,7 @@ h1 {{ font-size: 1.4em; margin-bottom: .2em; }}
 .notes li {{ color: #666; }}
 table {{ border-collapse: collapse; font-size: .9em; margin: 1em 0; }}
 td, th {{ border: 1px solid #ddd; padding: .25em .6em; text-align: left; }}
+td:nth-child(-n+2), th {{ white-space: nowrap; }}
 .first {{ color: #d62728; font-weight: bold; }}
 </style></head><body>
 <h1>launchgen report: {title}</h1>
@@ -161,10 +173,11 @@ def _lane_row(ln: Lane) -> str:
 
 def render_page(rep: RunReport) -> str:
     """The whole page, plotly.js inlined once."""
-    timeline = timeline_figure(rep).to_html(full_html=False, include_plotlyjs=True, config=_PLOT_CONFIG,
-                                            div_id="timeline-plot")
-    curves = curves_figure(rep).to_html(full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG,
-                                        div_id="curves-plot")
+    pio = _pio()
+    timeline = pio.to_html(timeline_figure(rep), full_html=False, include_plotlyjs=True, config=_PLOT_CONFIG,
+                           div_id="timeline-plot", validate=False)
+    curves = pio.to_html(curves_figure(rep), full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG,
+                         div_id="curves-plot", validate=False)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in rep.notes)
     return _PAGE.format(title=html.escape(rep.title), summary=html.escape(rep.summary),
                         job_dir=html.escape(rep.job_dir), notes=f'<ul class="notes">{notes}</ul>' if notes else "",

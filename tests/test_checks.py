@@ -176,7 +176,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "warning"),
     ("LG406", {"slurm": {"exclusive": False}}, "job.port_offset", "job:", 1, "warning"),
     ("LG620", {"slurm": {"gpu_type": "v100"}}, "slurm.gpu_type", "gpu_type: v100", 1, "warning"),
-    # the memory estimate (launchgen/fitchecks.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
+    # the memory estimate (launchgen/checks/spec/fit.py; formulas in tests/test_estimate.py): 72B-shaped numbers on L4s
     ("LG240", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}}, "vllm.tensor_parallel_size",
      "tensor_parallel_size", 1, "error"),
     ("LG241", {"slurm": {"gpu_type": "l4"}, "estimate": {"model": QWEN72}, "train": {"backend": "ddp"}},
@@ -268,6 +268,16 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
+    # TRL's own trainers (launchgen.trl_config, launchgen.checks.spec.trl): train.args takes TRL's field names
+    ("LG901", {"train": {"trainer": "trl.grpo", "args": {"num_generation": 4}}}, "train.args.num_generation",
+     "num_generation:", 1, "error"),
+    ("LG920", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
+               "train": {"trainer": "trl.async_grpo"}}, "vllm.mode", "mode: colocate", 1, "error"),
+    ("LG921", {"train": {"trainer": "trl.grpo", "args": {"vllm_mode": "colocate"}}}, "train.args.vllm_mode",
+     "vllm_mode: colocate", 1, "error"),
+    ("LG922", {"train": {"script": "train.py"}}, "train.trainer", "trainer: grpo", 1, "error"),
+    ("LG742", {"vllm": {"version": "0.33.0"}, "train": {"trainer": "trl.grpo"}}, "vllm.version", "version:", 1,
+     "warning"),
 ]
 
 
@@ -373,7 +383,9 @@ def test_every_check_code_is_documented_and_tested() -> None:
     # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value;
     # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
     # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
-    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342"}
+    # LG923 reads the script (the files stage): tests/test_trl_checks.py
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342",
+                                      "LG923"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 
@@ -451,3 +463,28 @@ def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, r
     code, patch = row[0], row[1]
     errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
     assert ("LG901", "train.args") not in errors, (code, errors)
+
+
+def test_a_check_lives_in_the_folder_of_its_stage() -> None:
+    """One answer to "where does a check go": by what it reads. `checks/spec/` holds the spec-stage checks (and the
+    plan-stage ones: the plan is derived from the spec alone), `checks/files/` the files-stage ones, `checks/live/`
+    the `--live` probes (which register no check: `live_checks` runs them)."""
+    folders = {"spec": {"spec", "plan"}, "files": {"files"}, "live": set()}
+    assert checks.CHECK_MODULES, "the package imports its check modules"
+    for c in checks.CHECKS:
+        module = c.fn.__module__
+        assert module.startswith("launchgen.checks."), (c.name, module)
+        folder = module.split(".")[2]
+        if folder == "runner":  # the loader's own warnings (LG005), reported through the checks
+            continue
+        assert c.stage in folders[folder], f"{c.name} ({module}) is a {c.stage} check"
+
+
+def test_a_raw_train_args_read_of_a_path_no_trainer_has_fails(model_dir: Path) -> None:
+    """`Ctx.arg` is the one raw reader of train.args: a typo in a check's path raises instead of reading the default."""
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(base(model_dir)), "spec.yaml"), env={})
+    assert ctx.arg("generation.importance_sampling.enabled", True) is True  # a real path: the default
+    with pytest.raises(KeyError, match="no trainer's config has this field"):
+        ctx.arg("generation.importance_sampling.enabeld")

@@ -24,8 +24,8 @@ import yaml
 from chimage import build_image, ch_run
 from render_cases import plan_for
 
-from launchgen import containerchecks
 from launchgen.checks import Ctx
+from launchgen.checks.live import containers as containerchecks
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
@@ -106,7 +106,7 @@ def test_pyxis_options_are_on_each_steps_srun_line_in_pyxis_syntax() -> None:
                 assert parsed["src"].startswith(("/", ".", "${")), entry  # absolute, relative, or one of ours
                 if parsed["opts"]:
                     assert set(parsed["opts"].split("+")) <= {"ro", "rw", "rbind", "rprivate"}, entry
-        assert opts["container-mounts"][:3] == ["${LG_JOB_DIR}", "${LG_SUBMIT_DIR}", "${LG_HF_CACHE}"]
+        assert opts["container-mounts"][:3] == ["${LG_SUBMIT_DIR}", "${LG_HF_CACHE}", "${LG_JOB_DIR}"]
         assert opts["container-workdir"] == ["${LG_SUBMIT_DIR}"]
     assert images == ["nvcr.io#nvidia/vllm:25.09-py3", "registry.example.org#ml/launchgen-trainer:0.6"]
     trainer_opts, _ = _pyxis_options(lines[1])
@@ -146,7 +146,7 @@ def test_apptainer_lines_follow_apptainer_exec_syntax() -> None:
     opts, image, command = _apptainer(_exec_line(steps["steps/server.sh"], "apptainer exec"))
     assert image == "docker://vllm/vllm-openai:v0.32.0" and command[:2] == ["vllm", "serve"]
     assert "--nv" in opts
-    assert opts["--bind"] == ["${LG_JOB_DIR}", "${LG_SUBMIT_DIR}", "${LG_HF_CACHE}"]
+    assert opts["--bind"] == ["${LG_SUBMIT_DIR}", "${LG_HF_CACHE}", "${LG_JOB_DIR}"]
     opts, image, command = _apptainer(_exec_line(steps["steps/trainer.sh"], "apptainer exec"))
     assert command[:2] == ["accelerate", "launch"] and "--nv" in opts
     for b in opts["--bind"]:
@@ -167,7 +167,7 @@ def test_singularity_trainer_and_charliecloud_server_with_a_quoted_image() -> No
     sep = server.index("--")
     assert server[0] == "ch-run" and server[sep - 1] == "/images/it's a dir" and server[sep + 1:sep + 3] == [
         "vllm", "serve"]
-    assert server[1:sep - 1] == ["--bind=${LG_JOB_DIR}", "--bind=${LG_SUBMIT_DIR}", "--bind=${LG_HF_CACHE}",
+    assert server[1:sep - 1] == ["--bind=${LG_SUBMIT_DIR}", "--bind=${LG_HF_CACHE}", "--bind=${LG_JOB_DIR}",
                                 "--bind=/data", "--bind=/a:/b"]
     opts, image, command = _apptainer(_exec_line(steps["steps/trainer.sh"], "singularity exec"))
     assert image == "docker://org/trainer:1" and "--cleanenv" in opts and command[0] == "accelerate"
@@ -216,13 +216,14 @@ def test_no_container_renders_as_before() -> None:
 # --- checks ------------------------------------------------------------------------------------------------------
 
 
-def _issues(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch, files: bool = True) -> list[Any]:
+def _issues(spec: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch, files: bool = True,
+            env: dict[str, str] | None = None) -> list[Any]:
     from launchgen.checks import run_checks
 
     monkeypatch.chdir(tmp)
     (tmp / "d.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
     loaded = load_spec_text(yaml.safe_dump(spec), str(tmp / "c.yaml"))
-    _, issues = run_checks(loaded, env={}, files=files)
+    _, issues = run_checks(loaded, env={"HF_HOME": str(tmp / "hf")} if env is None else env, files=files)
     return [i for i in issues if i.code.startswith("LG25")]
 
 
@@ -250,6 +251,14 @@ def test_charliecloud_image_directory_needs_its_mount_points(tmp_path: Path,
     assert got == [("LG258", "container.mounts.1")]  # /usr exists in the image; /tmp is ch-run's own bind
     (image / "opt" / "x").mkdir(parents=True)
     assert _issues(spec, tmp_path, monkeypatch) == []
+    # the standard mounts: an HF cache outside /tmp needs its mount point; a job directory outside the submit
+    # directory and /tmp cannot have one (it is named per job)
+    spec["job"]["output_dir"] = "/scratch/runs/%j"
+    got = [(i.code, i.path) for i in _issues(spec, tmp_path, monkeypatch, env={"HF_HOME": "/srv/hf-cache"})]
+    assert got == [("LG258", "container.image"), ("LG258", "job.output_dir")]
+    (image / "srv" / "hf-cache").mkdir(parents=True)
+    got = [(i.code, i.path) for i in _issues(spec, tmp_path, monkeypatch, env={"HF_HOME": "/srv/hf-cache"})]
+    assert got == [("LG258", "job.output_dir")]
 
 
 @pytest.mark.parametrize("mount", ["relative/path", "/a:b", "/a b", "/a,b", "/a:/b:rx", "/a:/b:ro:x", "-/x"])
@@ -293,7 +302,7 @@ def test_live_probe_says_what_it_probed() -> None:
 
 def test_live_probe_through_check_live_on_this_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`check --live` with charliecloud probes the real PATH (ch-run is installed here, apptainer is not)."""
-    from launchgen.live import live_checks
+    from launchgen.checks.live.probes import live_checks
 
     ch_run()
     spec = _base(container={"runtime": "charliecloud", "image": "/img"},

@@ -11,7 +11,6 @@ reaches the processes inside, which stop and leave nothing behind.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -91,7 +90,7 @@ def _start(tmp_path: Path, model: Path, max_steps: int) -> tuple[subprocess.Pope
     script.write_text(render_script(plan, "bash"))
     env = env_with_venv()
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    env.setdefault("USER", "root" if os.getuid() == 0 else str(os.getuid()))  # ch-run refuses to run without it
+    env.pop("USER", None)  # ch-run refuses to start without USER: the script sets it
     proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     return proc, tmp_path / "runs" / "local", spec

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from launchgen.accelerate_config import accelerate_config
-from launchgen.checks import run_checks  # registers every check (the rules, preflight, distchecks)
+from launchgen.checks import run_checks  # registers every check
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan
 from launchgen.spec import DistributedSection

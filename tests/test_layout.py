@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from test_checks import CASES, base, merge, model_dir, render  # noqa: F401  (model_dir: the fixture)
 from test_property import _dump, mutated_specs
 
+import launchgen.checks.registry as registry
 from launchgen import checks
 from launchgen.issues import Issue, SpecError
 from launchgen.layout import Layout, resolve_layout, tp_divides
 from launchgen.loader import LoadedSpec, load_spec_text
-from launchgen.rules import registry
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

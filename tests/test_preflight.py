@@ -143,7 +143,7 @@ def test_reward_module_missing(submit: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def test_reward_registry_imports_no_torch() -> None:
-    code = ("import sys, launchgen.trainers.rewards as r, launchgen.trainers.datafiles, launchgen.preflight;"
+    code = ("import sys, launchgen.trainers.rewards as r, launchgen.trainers.datafiles, launchgen.checks;"
             "print(sorted(r.BUILTINS), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['accuracy', 'format', 'length'] False"
@@ -312,9 +312,11 @@ def test_every_file_check_code_is_tested_here() -> None:
     from launchgen import checks
 
     # the peft file checks are tested with the rest of peft's in test_preflight_peft.py, train.distributed's and
-    # eval_data's (LG633, LG634, LG637, LG361) in test_distributed.py
+    # eval_data's (LG633, LG634, LG637, LG361) in test_distributed.py, the containers' (LG250, LG251, LG258) in
+    # test_containers.py
     source = "".join((Path(__file__).parent / name).read_text()
-                     for name in ("test_preflight.py", "test_preflight_peft.py", "test_distributed.py"))
+                     for name in ("test_preflight.py", "test_preflight_peft.py", "test_distributed.py",
+                                  "test_containers.py"))
     codes = {c for chk in checks.CHECKS if chk.stage == "files" for c in chk.codes} | {"LG730"}
     assert {c for c in codes if f'"{c}"' not in source} == set()
 

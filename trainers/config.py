@@ -260,7 +260,7 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
     """Why `generation.max_staleness >= 1` cannot be honoured, as (reason, field, message); [] when it can.
 
     The one owner of these rules: the trainer config refuses the first, `launchgen check` reports each
-    (launchgen.preflight.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
+    (launchgen.checks.spec.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
     `trainer` (its loss has no sampler/trainer correction), `correction` (the correction is switched off).
     """
     from launchgen.trainers.generation.backends import BACKENDS

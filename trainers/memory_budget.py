@@ -11,12 +11,12 @@ of which `MARGIN` is kept back for what the estimate does not model. The estimat
 * static, measured on the prepared model: every parameter held by this process (a shard under FSDP) in its dtype,
   plus, per trainable parameter, its gradient and AdamW's two moments in its dtype; a frozen reference copy too;
 * per token of a forward pass, from the model's config: with gradient checkpointing each decoder layer's kept
-  input (hidden x 2 bytes x layers) plus one layer's recomputed activations (2 bytes x (8 hidden + 4 kv heads x
-  head size + 4 intermediate)); without it every layer's; doubled in fp32;
+  input (hidden x 2 bytes x layers) plus one layer's recomputed activations (2 bytes x (ACT_HIDDEN_UNITS x hidden +
+  ACT_KV_UNITS x kv heads x head size + ACT_INTERMEDIATE_UNITS x intermediate)); without it every layer's; doubled in fp32;
 * the head's tiles: `LOGIT_TILE_COPIES` fp32 tiles of `logits_chunk_mib` alive at once.
 
-The constants are the same as the plan-time estimate of issue 26 (`ACT_*_UNITS`, 4 logit tiles); that estimator
-(launchgen side, torch-free) had not landed when this was written, so the two formulas live apart for now.
+The constants are the plan-time estimate's (`launchgen/estimate.py`: `ACT_*_UNITS`, `LOGIT_TILE_COPIES`), the one
+owner; there they are checked against measured H200 peaks (benchmarks/RESULTS.md).
 
 The choice: the largest `max_tokens_per_forward` (a multiple of 256 tokens, at most a user-set value) whose pass
 fits with the configured head tiles; if that is under `MIN_TOKENS_PER_PASS`, the head's tiles shrink to 64 MiB
@@ -32,11 +32,11 @@ import torch
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
 
+from launchgen.estimate import ACT_HIDDEN_UNITS, ACT_INTERMEDIATE_UNITS, ACT_KV_UNITS, LOGIT_TILE_COPIES
+
 GIB = 2**30
 #: Share of the budget kept back for what the estimate leaves out (allocator rounding, cuBLAS workspaces, ...).
 MARGIN = 0.08
-ACT_HIDDEN_UNITS, ACT_KV_UNITS, ACT_INTERMEDIATE_UNITS = 8, 4, 4
-LOGIT_TILE_COPIES = 4
 #: Below this many tokens per pass the GEMMs get small; shrink the head's tiles before going lower.
 MIN_TOKENS_PER_PASS = 4096
 LEAN_LOGITS_CHUNK_MIB = 64
@@ -91,7 +91,8 @@ def bytes_per_token(cfg: TrainerConfig, text_config: Any) -> int:
     head_dim = int(getattr(text_config, "head_dim", None) or hidden // heads)
     inter = int(getattr(text_config, "intermediate_size", 4 * hidden))
     unit = 4 if cfg.precision == "fp32" else 2
-    per_layer = unit * (ACT_HIDDEN_UNITS * hidden + ACT_KV_UNITS * kv * head_dim + ACT_INTERMEDIATE_UNITS * inter)
+    per_layer = int(unit * (ACT_HIDDEN_UNITS * hidden + ACT_KV_UNITS * kv * head_dim
+                            + ACT_INTERMEDIATE_UNITS * inter))
     kept = hidden * unit * layers if cfg.model.gradient_checkpointing else per_layer * layers
     return kept + per_layer
 

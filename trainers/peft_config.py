@@ -1,7 +1,7 @@
 """`train.args.peft`: LoRA adapters, and which module names a decoder-only architecture has (no torch).
 
 This module imports only pydantic and the standard library, so `launchgen check` validates the section and
-the target names on a login node (`launchgen/preflight/peft.py`) with the very rules the trainer applies
+the target names on a login node (`launchgen/checks/spec/peft.py`) with the very rules the trainer applies
 (`trainers/lora.py`). Defaults are TRL's `ModelConfig` LoRA defaults (r 16, alpha 32, dropout 0.05); `all-linear`
 is PEFT's: every linear layer except the output head.
 

@@ -71,7 +71,7 @@ def collect(path: str, *, strict: bool = False, live: bool = False, files: bool 
         return None, None, list(exc.issues)
     plan, issues = run_checks(loaded, strict=strict, files=files)
     if live:
-        from launchgen.live import live_checks
+        from launchgen.checks.live.probes import live_checks
 
         extra = live_checks(loaded)
         issues = sort_issues([*issues, *(apply_strict(extra) if strict else extra)])

@@ -55,8 +55,8 @@ def _measured(job_dir: str) -> Measured:
 def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
     measured = _measured(from_run) if from_run is not None else None
     loaded, plan = load_and_check(spec, strict=strict)
+    from launchgen.checks.context import Ctx
     from launchgen.estimate_spec import estimate
-    from launchgen.rules.context import Ctx
 
     ctx = Ctx(loaded)
     est = estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, measured=measured)
