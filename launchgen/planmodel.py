@@ -18,6 +18,7 @@ from launchgen.layout import GpuSlot, Role
 from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.trl.config import TrlRunConfig
 
 #: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
 MAX_PORT_OFFSET = ports.MAX_OFFSET
@@ -254,7 +255,7 @@ class TrainerPlan:
     overrides: tuple[Override, ...]
     accelerate_config: dict[str, Any]
     accelerate_config_yaml: str
-    config: TrainerConfig
+    config: TrainerConfig | TrlRunConfig
     config_yaml: str
     colocate: bool
     #: train.container (or the job-wide container): `argv` already starts with its prefix
