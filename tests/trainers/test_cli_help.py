@@ -23,9 +23,8 @@ def _heavy(mods: set[str]) -> list[str]:
 
 
 def test_every_field_has_a_description() -> None:
-    from launchgen.trainers.configs import CONFIGS
-
     from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.configs import CONFIGS
 
     for cls in CONFIGS.values():
         rows = field_rows(cls)
