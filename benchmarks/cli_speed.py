@@ -6,7 +6,7 @@ The spec is copied with its node counts edited so the job spans `--nodes` nodes:
 `nodes - vllm.nodes` (the dedicated server nodes stay as they are); a spec without a `train` section has every
 `nodes` field it holds set to `--nodes`. The verbs that read a job directory (`status`, `logs`, `report`) run on
 `--job-dir` (default: `launchgen-runs/local`, what `bash examples/quickstart.sh` leaves) and are left out, saying
-so, when there is none. Each command runs `--runs` times in fresh processes, interleaved (baseline, then every
+so, when there is none. `--compare CLI` times a second CLI (an older checkout) in the same runs. Each command runs `--runs` times in fresh processes, interleaved (baseline, then every
 verb, then the baseline again, ...) so drift hits all of them; the table gives the medians and the ratios to the
 baseline (target: <= 15x for every verb, `--help` near 5x).
 """
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="arguments after `render SPEC`; {out} is a script path in a temporary directory")
     p.add_argument("--job-dir", type=Path, default=Path("launchgen-runs/local"),
                    help="a job directory for status, logs and report (default: the quickstart's)")
+    p.add_argument("--compare", default=None,
+                   help="a second CLI (e.g. an older checkout's) timed in the same interleaved runs, its rows "
+                   "marked [compare]: before/after ratios from one run")
     a = p.parse_args(argv)
     if a.runs < 5:
         p.error("--runs must be >= 5")
@@ -99,25 +102,30 @@ def main(argv: list[str] | None = None) -> int:
         spec = Path(tmp) / f"spec-{a.nodes}-nodes.yaml"
         trainer_nodes = scale_spec(a.spec, spec, a.nodes)
         out_dir = Path(tmp) / "job.sbatch"
-        lg = shlex.split(a.launchgen)
-        cmds = {
-            "python -c pass": [sys.executable, "-c", "pass"],
-            "launchgen --help": [*lg, "--help"],
-            "launchgen init": [*lg, "init", "-"],
-            "launchgen check": [*lg, "check", str(spec)],
-            "launchgen plan": [*lg, "plan", str(spec)],
-            "launchgen render": [*lg, "render", str(spec), *shlex.split(a.render_args.format(out=out_dir))],
-            "launchgen schema": [*lg, "schema"],
-        }
+        cmds = {"python -c pass": [sys.executable, "-c", "pass"]}
+        clis = [("", shlex.split(a.launchgen))]
+        if a.compare:
+            clis.append((" [compare]", shlex.split(a.compare)))
         job = str(a.job_dir)
-        if (a.job_dir / "logs").is_dir():
-            cmds["launchgen status"] = [*lg, "status", "local", "--job-dir", job]
-            cmds["launchgen logs"] = [*lg, "logs", "local", "--job-dir", job, "--role", "trainer"]
-            if _has_verb(lg, "report"):
-                cmds["launchgen report"] = [*lg, "report", job, "-o", str(Path(tmp) / "report.html")]
-        else:
+        has_job = (a.job_dir / "logs").is_dir()
+        if not has_job:
             print(f"no job directory at {job}: status, logs and report are not timed (run "
                   "`bash examples/quickstart.sh` first, or pass --job-dir)")
+        for tag, lg in clis:
+            cmds.update({
+                f"launchgen --help{tag}": [*lg, "--help"],
+                f"launchgen init{tag}": [*lg, "init", "-"],
+                f"launchgen check{tag}": [*lg, "check", str(spec)],
+                f"launchgen plan{tag}": [*lg, "plan", str(spec)],
+                f"launchgen render{tag}": [*lg, "render", str(spec),
+                                           *shlex.split(a.render_args.format(out=out_dir))],
+                f"launchgen schema{tag}": [*lg, "schema"],
+            })
+            if has_job:
+                cmds[f"launchgen status{tag}"] = [*lg, "status", "local", "--job-dir", job]
+                cmds[f"launchgen logs{tag}"] = [*lg, "logs", "local", "--job-dir", job, "--role", "trainer"]
+                if _has_verb(lg, "report"):
+                    cmds[f"launchgen report{tag}"] = [*lg, "report", job, "-o", str(Path(tmp) / "report.html")]
         for argv_ in cmds.values():  # warm the page cache and surface errors before timing
             time_cmd(argv_)
         times: dict[str, list[float]] = {k: [] for k in cmds}

@@ -20,6 +20,7 @@ from launchgen.estimate import (
     gpu_hours,
     gpu_memory_gib,
     server_estimate,
+    smallest_tp,
     sync_bytes,
     trainer_estimate,
 )
@@ -185,6 +186,13 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
                 shape, tp=v.tensor_parallel_size, dtype=server_dtype(spec), gpu_gib=gib,
                 max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
                 kv_cache_memory_bytes=v.kv_cache_memory_bytes)
+            if gib is not None and layout.mode == "server" and v.tensor_parallel_size > 1:
+                best = smallest_tp(shape, dtype=server_dtype(spec), gpu_gib=gib, max_model_len=v.max_model_len,
+                                   gpu_memory_utilization=v.gpu_memory_utilization,
+                                   kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=v.tensor_parallel_size)
+                if best is not None and best < v.tensor_parallel_size:
+                    est.server.notes.append(f"the smallest TP that fits is {best} (more TP: more KV cache, faster "
+                                            "decoding)")
             if layout.mode == "colocate":
                 est.server.role = "vLLM (colocated)"
                 if gib is not None and not v.enable_sleep_mode:
@@ -193,6 +201,9 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
         if cfg is not None:
             est.trainer_setup, how = trainer_setup(spec, cfg, shape, layout, colocated)
             est.trainer = trainer_estimate(shape, est.trainer_setup, gib)
+            if spec.train.distributed.deepspeed_config is not None:
+                est.trainer.notes.append("train.distributed.deepspeed_config is not read: estimated as "
+                                         f"{spec.train.backend} without offload")
             est.sources["prompt tokens"] = how
     if shape is not None and cfg is not None and layout.mode == "server":
         link = spec.estimate.link or ("nvlink" if layout.shared else "infiniband")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import IO
 
 from rich.cells import cell_len
@@ -64,17 +65,22 @@ def wrap_items(items: Sequence[str], width: int, first: str = "", indent: str = 
     return out
 
 
+def _write(console: Console, line: str) -> None:
+    """A plain line, as is: it is already wrapped, and `visible` made its control characters escapes."""
+    console.file.write(line + "\n")
+
+
 def print_text(console: Console, text: str, indent: str = "    ") -> None:
     """One logical line, wrapped at word boundaries to the console's width; control characters (from a spec
     or a log) are shown as escapes, never sent to the terminal."""
     for line in wrap(visible(text), console.width, indent):
-        console.out(line, highlight=False)
+        _write(console, line)
 
 
 def print_items(console: Console, items: Sequence[str], first: str = "", indent: str = "    ") -> None:
     """A record of whole items (`wrap_items`), with control characters shown as escapes."""
     for line in wrap_items([visible(i) for i in items], console.width, visible(first), indent):
-        console.out(line, highlight=False)
+        _write(console, line)
 
 
 def natural_width(table: Table) -> int:
@@ -106,7 +112,15 @@ def fits(console: Console, table: Table) -> bool:
 def _plain(cell: object) -> str:
     if isinstance(cell, Text):
         return cell.plain
-    return Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)
+    if isinstance(cell, str):
+        return _markup_plain(cell) if "[" in cell else cell
+    return str(cell)
+
+
+@lru_cache(maxsize=4096)
+def _markup_plain(cell: str) -> str:
+    """A cell's text without its rich markup (parsing markup was most of a 64-node plan's printing)."""
+    return Text.from_markup(cell).plain
 
 
 def record_items(table: Table) -> list[list[str]]:

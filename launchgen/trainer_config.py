@@ -9,8 +9,9 @@ the same config.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from functools import cache
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -46,6 +47,20 @@ def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: Lo
         raise SpecError([Issue("LG901", i.path, i.message,
                                "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig)."
                                if i.fix in generic else i.fix, "error", i.line, i.file) for i in found]) from None
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        yield prefix + name
+        for sub in (field.annotation, *get_args(field.annotation)):
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                yield from _field_paths(sub, f"{prefix}{name}.")
+
+
+@cache
+def arg_paths() -> frozenset[str]:
+    """Every dotted `train.args` path some declared trainer's config has (sections included)."""
+    return frozenset(p for cls in CONFIGS.values() for p in _field_paths(cls))
 
 
 def trainer_output_pattern(spec: Spec) -> str:

@@ -454,3 +454,28 @@ def test_the_trainer_configs_own_refusal_is_no_second_message(model_dir: Path, r
     code, patch = row[0], row[1]
     errors = [(i.code, i.path) for i in issues_for(merge(base(model_dir), patch)) if i.severity == "error"]
     assert ("LG901", "train.args") not in errors, (code, errors)
+
+
+def test_a_check_lives_in_the_folder_of_its_stage() -> None:
+    """One answer to "where does a check go": by what it reads. `checks/spec/` holds the spec-stage checks (and the
+    plan-stage ones: the plan is derived from the spec alone), `checks/files/` the files-stage ones, `checks/live/`
+    the `--live` probes (which register no check: `live_checks` runs them)."""
+    folders = {"spec": {"spec", "plan"}, "files": {"files"}, "live": set()}
+    assert checks.CHECK_MODULES, "the package imports its check modules"
+    for c in checks.CHECKS:
+        module = c.fn.__module__
+        assert module.startswith("launchgen.checks."), (c.name, module)
+        folder = module.split(".")[2]
+        if folder == "runner":  # the loader's own warnings (LG005), reported through the checks
+            continue
+        assert c.stage in folders[folder], f"{c.name} ({module}) is a {c.stage} check"
+
+
+def test_a_raw_train_args_read_of_a_path_no_trainer_has_fails(model_dir: Path) -> None:
+    """`Ctx.arg` is the one raw reader of train.args: a typo in a check's path raises instead of reading the default."""
+    from launchgen.checks import Ctx
+
+    ctx = Ctx(load_spec_text(render(base(model_dir)), "spec.yaml"), env={})
+    assert ctx.arg("generation.importance_sampling.enabled", True) is True  # a real path: the default
+    with pytest.raises(KeyError, match="no trainer's config has this field"):
+        ctx.arg("generation.importance_sampling.enabeld")

@@ -75,3 +75,14 @@ def test_render_keeps_compiled_templates_and_renders_the_same(tmp_path: Path) ->
         ro.rmdir()
         ro.write_text("not a directory")
     assert _render(tmp_path, str(ro / "sub"), "d.sbatch") == first  # an unusable cache costs only the compile
+
+
+def test_check_does_not_scan_installed_distributions_for_pydantic_plugins(tmp_path: Path) -> None:
+    probe = PROBE.replace('print("MODULES "', 'import pydantic.plugin._loader as L\nprint("SCANNED", L._plugins)\nprint("MODULES "')
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    p = subprocess.run([sys.executable, "-c", probe, "check", str(SPEC)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert "SCANNED None" in p.stdout, p.stdout[-500:] + p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-c", probe, "check", str(SPEC)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env={**env, "PYDANTIC_DISABLE_PLUGINS": "0"})
+    assert "SCANNED {}" in p.stdout, p.stdout[-500:]  # the user's own setting wins (and the probe can tell)

@@ -25,7 +25,7 @@ from chimage import build_image, ch_run
 from render_cases import plan_for
 
 from launchgen.checks import Ctx
-from launchgen.checks.spec import containers as containerchecks
+from launchgen.checks.live import containers as containerchecks
 from launchgen.issues import SpecError
 from launchgen.loader import load_spec_text
 from launchgen.plan import build_plan

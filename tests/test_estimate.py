@@ -248,6 +248,7 @@ def test_plan_shows_per_gpu_memory_of_tp8_server_and_zero3_trainers() -> None:
     assert "KV cache:" in out and "8192-token seqs" in out
     assert "weight sync: 145.4 GB per optimizer step (every parameter) over infiniband" in out
     assert "rough bound" in out
+    assert "server: the smallest TP that fits is 4" in " ".join(out.split())  # 72B in bf16 on 80 GB GPUs
     mine = out[out.index("Memory per GPU"):].splitlines()
     assert max(len(line.rstrip()) for line in mine if "│" in line or "┃" in line) <= 80
     js = _run("plan", str(EXAMPLE), "--format", "json")
@@ -344,7 +345,8 @@ def test_plan_from_run_gives_gpu_hours(tmp_path: Path) -> None:
 
 
 def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
-    from launchgen.checks.live.probes import Result, live_checks
+    from launchgen.checks.live.command import Result
+    from launchgen.checks.live.probes import live_checks
     from launchgen.loader import load_spec
 
     spec = yaml.safe_load(_ddp_one_node(tmp_path).read_text())
@@ -370,3 +372,34 @@ def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
     # H100s: the ZeRO-3 layout of the example fits, nothing to say
     issues = live_checks(load_spec(str(p)), runner=runner("81559\n"), env={}, versions={}, is_free=lambda port: True)
     assert not [i for i in issues if i.code in ("LG240", "LG241")]
+
+
+def _estimate_of(path: Path, **extra: Any) -> Any:
+    from launchgen.checks.context import Ctx
+    from launchgen.estimate_spec import estimate
+    from launchgen.loader import load_spec_text
+
+    spec = yaml.safe_load(path.read_text())
+    for section, values in extra.items():
+        spec.setdefault(section, {}).update(values)
+    spec["estimate"] = {"model": {k: v for k, v in QWEN25_7B.items() if k not in ("model_type",)},
+                        "gpu_memory_gib": 79.6}
+    ctx = Ctx(load_spec_text(yaml.safe_dump(spec), "s.yaml"), env={})
+    return estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout)
+
+
+def test_colocate_gives_vllm_its_share_unless_it_sleeps() -> None:
+    sleeping = _estimate_of(REPO / "examples" / "colocate.yaml")
+    assert sleeping.server.role == "vLLM (colocated)" and sleeping.sync is None  # weights shared in-process
+    assert sleeping.trainer.budget_gib == pytest.approx(79.6)  # sleep mode frees vLLM's memory to train
+    awake = _estimate_of(REPO / "examples" / "colocate.yaml", vllm={"enable_sleep_mode": False})
+    assert awake.trainer.budget_gib == pytest.approx(79.6 * (1 - 0.3))
+    # RLOO's KL (beta 0.05) without LoRA keeps a reference copy
+    assert any(p.name == "reference model" for p in awake.trainer.parts)
+
+
+def test_sft_estimates_max_length_rows_and_no_server() -> None:
+    e = _estimate_of(REPO / "examples" / "sft-no-vllm.yaml")
+    assert e.server is None and e.sync is None
+    assert e.trainer_setup.prompt_tokens + e.trainer_setup.completion_tokens == 1024  # sft's max_length default
+    assert e.trainer_setup.tokens_per_pass == 4 * 1024

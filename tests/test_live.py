@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from launchgen.checks.live import probes as live
-from launchgen.checks.live.probes import ProbeSkipped, Result, gpus_in_gres, live_checks
+from launchgen.checks.live.command import ProbeSkipped, Result, run_command
+from launchgen.checks.live.probes import gpus_in_gres, live_checks
 from launchgen.cli import main
 from launchgen.issues import Issue
 from launchgen.loader import load_spec_text
@@ -293,7 +294,7 @@ def test_real_sinfo_from_local_cluster() -> None:
     partition = _real_sinfo()
     if partition is None:
         pytest.skip("no local SLURM cluster (tests/slurm starts one in CI)")
-    info = live.query_partition(partition, None, live.run_command)
+    info = live.query_partition(partition, None, run_command)
     assert info.nodes, "sinfo listed no nodes"
     gpn = max(info.nodes.values())
     assert gpn > 0

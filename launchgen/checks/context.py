@@ -14,7 +14,7 @@ from launchgen.issues import Issue, Severity
 from launchgen.layout import Layout, resolve_layout
 from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
-from launchgen.trainer_config import resolve_trainer_config
+from launchgen.trainer_config import arg_paths, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.configs import CONFIGS
 from launchgen.trainers.declaration import DeclaredConfig, TrainerFacts
@@ -113,9 +113,13 @@ class Ctx:
     def total_nodes(self) -> int:
         return self.layout.num_nodes
 
-    # what the user wrote in train.args, raw: only for "did the user set it" (arguments the spec owns, TRL names
-    # the trainer does not know); typed values with the trainer's defaults are `trainer_cfg`'s
+    # what the user wrote in train.args, raw: only for "did the user set it" (arguments the spec owns, a value the
+    # config refuses, checks that must speak when the config does not validate); typed values with the trainer's
+    # defaults are `trainer_cfg`'s. The one raw reader: a path no trainer's config has is a bug in the check (a
+    # typo would silently read the default), so it raises.
     def arg(self, path: str, default: Any = None) -> Any:
+        if path not in arg_paths():
+            raise KeyError(f"Ctx.arg({path!r}): no trainer's config has this field (launchgen.trainers.configs)")
         node: Any = self.spec.train.args
         for part in path.split("."):
             if not isinstance(node, dict) or part not in node:

@@ -18,6 +18,11 @@ import click
 
 from launchgen import __version__
 
+# The first model pydantic builds makes it scan every installed distribution's entry points for pydantic plugins
+# (observability hooks): ~15-50 ms of every verb on a login node whose venv holds torch and its kin. launchgen's
+# models use none; a user who wants one sets the variable to something else.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 #: Verbs in help order, with the line `launchgen --help` shows for each. A verb is listed only when its module
 #: exists. The lines live here, not in the verb modules, so that `--help` imports none of them (importing
 #: `check` alone costs ~150 ms of pydantic models on a login node).

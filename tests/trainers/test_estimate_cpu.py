@@ -73,3 +73,16 @@ def test_state_bytes_match_the_trainer_after_a_step(tmp_path: Path, tiny_model_d
     else:
         assert not any(p.name == "reference model" for p in e.parts)
     assert trainable and all(p.dtype == torch.float32 for p in trainable)  # fp32 run: adapters and weights alike
+
+
+def test_a_real_run_logs_step_times_that_plan_from_run_reads(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from toy_runs import run_cfg
+
+    from launchgen.jobfiles import read_step_times
+
+    job = tmp_path / "job"
+    cfg = toy_cfg(tmp_path, tiny_model_dir, "job/trainer", "grpo", num_generations=8, max_steps=3)
+    assert run_cfg(cfg) == 0
+    times = read_step_times(job)
+    assert len(times.seconds) == 2 and all(s > 0 for s in times.seconds)  # the first step is left out
+    assert "time/step" in times.source and times.steps_done == 3

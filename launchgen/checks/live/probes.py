@@ -9,22 +9,20 @@ Probes take a `Runner` so tests can inject canned output; the default runs the r
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from launchgen import compat, ports
 from launchgen.checks.context import Ctx
+from launchgen.checks.live.command import PROBE_TIMEOUT, ProbeSkipped, Runner, run_command
+from launchgen.checks.live.containers import ProbeUnavailable, probe_runtimes
+from launchgen.checks.live.fit import probe_gpu_memory
 from launchgen.checks.live.setup import probe_setup
-from launchgen.checks.spec.containers import ProbeUnavailable, probe_runtimes
-from launchgen.checks.spec.fit import probe_gpu_memory
 from launchgen.checks.spec.kernels import (
     FLASH_ATTN2_REPO,
     attn_setting,
@@ -39,42 +37,6 @@ from launchgen.issues import Issue
 from launchgen.loader import LoadedSpec
 from launchgen.precision import resolve_precision
 from launchgen.spec import parse_time_limit
-
-PROBE_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True)
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str = ""
-
-
-class ProbeSkipped(Exception):
-    """The probe could not run; the message says why."""
-
-
-#: (argv, timeout seconds) -> Result; raises ProbeSkipped when the command is missing or times out.
-Runner = Callable[[list[str], float], Result]
-
-
-def run_command(argv: list[str], timeout: float) -> Result:
-    """Run a probe with a hard timeout; the whole process group is killed so no grandchild keeps a pipe open."""
-    if shutil.which(argv[0]) is None:
-        raise ProbeSkipped(f"`{argv[0]}` is not on PATH")
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, start_new_session=True)
-    except OSError as exc:
-        raise ProbeSkipped(f"`{argv[0]}` could not run: {exc.strerror}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise ProbeSkipped(f"`{' '.join(argv)}` did not answer within {timeout:g} s") from None
-    return Result(proc.returncode, out, err)
 
 
 def _skip(what: str, why: str) -> Issue:

@@ -9,7 +9,7 @@
 
 They say nothing when the model's numbers or the GPU's memory are unknown (`plan` says what is missing);
 `check --live` on a GPU node judges again with nvidia-smi's memory (`probe_gpu_memory`).
-Registered into `launchgen.checks` (imported at its end) with the same `check` decorator.
+Registered with `launchgen.checks.registry.check` like every check; the `--live` probe is `checks/live/fit.py`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.estimate import DTYPE_BYTES, RoleEstimate, smallest_tp, trainer_alternatives
-from launchgen.estimate_spec import Estimate, estimate, gpu_memory
+from launchgen.estimate_spec import Estimate, estimate
 from launchgen.issues import Issue
 
 if TYPE_CHECKING:
-    from launchgen.checks.live.probes import Runner
+    pass
 
 _doc("LG240", "error", "A vLLM rank cannot hold its share of the weights plus one max_model_len sequence of KV cache "
      "(estimated from the model's numbers and the GPU's memory); vLLM would refuse to start.",
@@ -108,26 +108,3 @@ def roles_fit_their_gpus(ctx: Ctx) -> Iterator[Issue]:
         yield from _trainer(ctx, e, e.trainer)
 
 
-def probe_gpu_memory(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
-    """`check --live` on a GPU node: the same judgement with nvidia-smi's memory.total (the smallest GPU here),
-    where the spec gave no GPU memory or another one. Silent when nvidia-smi cannot run: the bf16 probe says so."""
-    from launchgen.checks.live.probes import PROBE_TIMEOUT, ProbeSkipped
-
-    if ctx.cpu:
-        return
-    try:
-        res = runner(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"], PROBE_TIMEOUT)
-    except ProbeSkipped:
-        return
-    mib = [float(x) for x in res.stdout.split() if x.replace(".", "", 1).isdigit()] if res.returncode == 0 else []
-    if not mib:
-        return
-    live = min(mib) / 1024
-    static, _ = gpu_memory(ctx.spec)
-    if static is not None and abs(static - live) < 0.5:
-        return  # the spec-stage checks judged with the same memory
-    e = estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, live_gpu_gib=live)
-    if e.server is not None:
-        yield from _server(ctx, e, e.server)
-    if e.trainer is not None:
-        yield from _trainer(ctx, e, e.trainer)

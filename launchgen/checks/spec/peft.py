@@ -8,11 +8,9 @@ and the trainer refuse the same things. A `peft` section that does not validate 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from pydantic import ValidationError
 
-from launchgen.accelerate_config import read_user_config
 from launchgen.checks.constants import vllm_flag
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
@@ -42,8 +40,6 @@ _doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger ker
 _doc("LG345", "warning", "peft with vLLM runtime-LoRA flags in vllm.extra_args: launchgen sends merged weights, so "
      "the server never loads an adapter and --enable-lora only reserves memory and slows decoding.",
      "Remove --enable-lora / --max-lora-rank / --max-loras from vllm.extra_args.")
-_doc("LG346", "error", "train.args.peft.adapter_path is a local path without a saved adapter (adapter_config.json).",
-     "Point it at a PEFT adapter directory (a previous run's final/), or remove it to start new adapters.")
 
 _RUNTIME_LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "--max-loras", "--lora-modules", "--max-cpu-loras")
 
@@ -94,21 +90,6 @@ def peft_distributed_backend(ctx: Ctx) -> Iterator[Issue]:
                         "(train.backend fsdp), not DeepSpeed")
 
 
-@check("LG343", stage="files")
-def peft_fsdp_version(ctx: Ctx) -> Iterator[Issue]:
-    t = ctx.spec.train
-    path = t.distributed.accelerate_config
-    if _section(ctx) is None or t.device != "cuda" or t.backend != "fsdp" or path is None:
-        return
-    try:
-        fsdp = read_user_config(path).get("fsdp_config")
-    except (OSError, ValueError):
-        return  # LG633 reports the file
-    if isinstance(fsdp, dict) and str(fsdp.get("fsdp_version", 2)) == "1":
-        yield ctx.issue("LG343", "train.distributed.accelerate_config",
-                        f"{path} sets fsdp_version: 1; LoRA (peft) under FSDP needs FSDP2")
-
-
 @check("LG344")
 def peft_combinations(ctx: Ctx) -> Iterator[Issue]:
     if _section(ctx) is None:
@@ -134,12 +115,3 @@ def peft_runtime_lora_flags(ctx: Ctx) -> Iterator[Issue]:
                             f"{vllm_flag(arg)} with peft: the server receives merged weights and loads no adapter")
 
 
-@check("LG346", stage="files")
-def peft_adapter_path(ctx: Ctx) -> Iterator[Issue]:
-    p = _section(ctx)
-    if p is None or p.adapter_path is None:
-        return
-    path = Path(p.adapter_path).expanduser()
-    if not (path / "adapter_config.json").is_file():
-        what = "is a directory without adapter_config.json" if path.is_dir() else "does not exist"
-        yield ctx.issue("LG346", "train.args.peft.adapter_path", f"{p.adapter_path} ({path.absolute()}) {what}")

@@ -38,7 +38,7 @@ def zero3_with_colocate(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG303")
 def generation_batch_divisible(ctx: Ctx) -> Iterator[Issue]:
-    t, cfg = ctx.spec.train, ctx.trainer_cfg
+    cfg = ctx.trainer_cfg
     if not ctx.trainer_facts.online or ctx.world_size == 0 or cfg is None:
         return  # a config that does not validate is LG901's
     # the trainer's own values, defaults included (num_generations per trainer, steps_per_generation = GA)
@@ -46,7 +46,7 @@ def generation_batch_divisible(ctx: Ctx) -> Iterator[Issue]:
     spg = cfg.steps_per_generation or cfg.gradient_accumulation_steps
     batch = bs * ctx.world_size * spg
     if g and batch % g:
-        path = "train.args.num_generations" if "num_generations" in t.args else "train.args"
+        path = "train.args.num_generations" if ctx.has_arg("num_generations") else "train.args"
         yield ctx.issue("LG303", path,
                         f"generation batch = per_device_train_batch_size {bs} x {ctx.world_size} trainer "
                         f"processes x steps_per_generation {spg} = {batch}, not a multiple of num_generations {g}")

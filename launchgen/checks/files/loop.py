@@ -1,0 +1,50 @@
+"""LG361: train.args.eval_data's local file, read as the trainer would (the files stage)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from launchgen.checks.context import Ctx
+from launchgen.checks.registry import _doc, check
+from launchgen.issues import Issue
+
+_doc("LG361", "error", "train.args.eval_data cannot be used: its local file does not exist, cannot be read, or lacks "
+     "the prompt column.", "Fix train.args.eval_data (the same fields as data; relative paths start at the "
+     "directory you submit from).")
+
+
+@check("LG361", stage="files")
+def eval_data_readable(ctx: Ctx) -> Iterator[Issue]:
+    from pydantic import ValidationError
+
+    from launchgen.trainers.config import DataSection
+    from launchgen.trainers.datafiles import PeekUnavailable, local_path, mapped, peek_local
+    from launchgen.trainers.errors import TrainerSetupError
+
+    raw = ctx.arg("eval_data")
+    if not isinstance(raw, dict):
+        return
+    try:
+        data = DataSection.model_validate(raw)
+    except ValidationError:
+        return  # the trainer config's own validation reports it (LG901)
+    p = local_path(data.path)
+    if p is None:
+        return  # a Hub data set: loaded on the node
+    if not p.exists():
+        yield ctx.issue("LG361", "train.args.eval_data.path", f"eval_data.path {p} does not exist")
+        return
+    try:
+        peek = peek_local(p, data.split)
+    except PeekUnavailable:
+        return
+    except (TrainerSetupError, OSError, UnicodeDecodeError) as e:
+        yield ctx.issue("LG361", "train.args.eval_data.path", f"eval_data.path {p}: {e}")
+        return
+    columns = list(mapped(peek.rows[0], data)) if peek.rows else [data.column_mapping.get(c, c) for c in peek.columns]
+    if not columns:
+        yield ctx.issue("LG361", "train.args.eval_data.path", f"eval_data.path {p} has no rows")
+    elif data.prompt_column not in columns:
+        yield ctx.issue("LG361", "train.args.eval_data",
+                        f"the first row of {p} has no prompt column {data.prompt_column!r} "
+                        f"(columns: {', '.join(sorted(columns))})")
