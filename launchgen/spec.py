@@ -516,6 +516,13 @@ class TrainSpec(_Section):
     cuda_version: Version | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )
+    script: str | None = Field(
+        default=None, min_length=1,
+        description="Your own TRL script (a `.py` path, relative to the submit directory, or a module name) run "
+        "instead of launchgen's TRL runner, with the lifecycle installed around it; `trainer: trl.<name>` names the "
+        "TRL config it parses. The job passes launchgen's flags first (docs/trl-names.md), then script_args.",
+    )
+    script_args: list[str] = Field(default_factory=list, description="The script's own arguments (after launchgen's).")
     container: ContainerSection | None = Field(default=None, description=_CONTAINER_DESCRIPTION)
     args: dict[str, Any] = Field(
         default_factory=dict,

@@ -24,6 +24,8 @@ from launchgen.precision import resolve_precision
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.configs import CONFIGS
+from launchgen.trainers.trl.config import TrlRunConfig
+from launchgen.trl_config import Topology, build_trl_config
 
 
 def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: LoadedSpec | None = None,
@@ -68,9 +70,18 @@ def trainer_output_pattern(spec: Spec) -> str:
     return spec.job.output_dir.rstrip("/") + "/trainer"
 
 
-def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None) -> tuple[TrainerConfig | None, list[Issue]]:
+def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None
+                           ) -> tuple[TrainerConfig | TrlRunConfig | None, list[Issue]]:
     """The trainer's config for `spec`, or None and the LG901 issues (each with its `train.args` field and YAML
-    line). Arguments the spec owns are left out (LG902 reports them), so the rest is still read."""
+    line). Arguments the spec owns are left out (LG902 reports them), so the rest is still read. A TRL trainer
+    (`facts.trl_config`) gets its run config (`launchgen.trl_config`: TRL's fields, LG901/LG920/LG921)."""
+    cls = CONFIGS.get(spec.train.trainer)
+    if cls is not None and cls.facts.trl_config is not None:
+        topology = Topology(spec, resolve_precision(spec), trainer_output_pattern(spec))
+        try:
+            return build_trl_config(spec, spec.train.trainer, topology, loaded), []
+        except SpecError as e:
+            return None, list(e.issues)
     try:
         return build_trainer_config(spec, resolve_precision(spec), trainer_output_pattern(spec), loaded,
                                     without_owned(spec.train.args)), []
@@ -98,6 +109,10 @@ def args_json_schema(model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, 
     """The JSON Schema of `train.args` for one trainer: its config class without the arguments the spec owns
     (LG902), and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and
     validation)."""
+    if issubclass(model, TrlRunConfig):  # TRL's fields, from the generated table, beside launchgen's sections
+        from launchgen.trl_config import trl_args_json_schema
+
+        return trl_args_json_schema(model, _DEFS_PREFIX)
     schema = model.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
     defs = {_DEFS_PREFIX + k: v for k, v in schema.pop("$defs", {}).items()}
     for path in owned_paths():

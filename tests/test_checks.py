@@ -271,6 +271,16 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
+    # TRL's own trainers (launchgen.trl_config, launchgen.checks.spec.trl): train.args takes TRL's field names
+    ("LG901", {"train": {"trainer": "trl.grpo", "args": {"num_generation": 4}}}, "train.args.num_generation",
+     "num_generation:", 1, "error"),
+    ("LG920", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
+               "train": {"trainer": "trl.async_grpo"}}, "vllm.mode", "mode: colocate", 1, "error"),
+    ("LG921", {"train": {"trainer": "trl.grpo", "args": {"vllm_mode": "colocate"}}}, "train.args.vllm_mode",
+     "vllm_mode: colocate", 1, "error"),
+    ("LG922", {"train": {"script": "train.py"}}, "train.trainer", "trainer: grpo", 1, "error"),
+    ("LG742", {"vllm": {"version": "0.33.0"}, "train": {"trainer": "trl.grpo"}}, "vllm.version", "version:", 1,
+     "warning"),
 ]
 
 
@@ -376,7 +386,9 @@ def test_every_check_code_is_documented_and_tested() -> None:
     # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value;
     # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
     # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
-    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342"}
+    # LG923 reads the script (the files stage): tests/test_trl_checks.py
+    tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342",
+                                      "LG923"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 

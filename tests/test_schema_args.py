@@ -73,7 +73,7 @@ def test_train_args_follow_the_trainer() -> None:
     assert _args_of(schema, "online_dpo")["properties"]["num_generations"]["default"] == 2
 
 
-@pytest.mark.parametrize("trainer", sorted(CONFIGS))
+@pytest.mark.parametrize("trainer", sorted(n for n, c in CONFIGS.items() if c.facts.trl_config is None))
 def test_train_args_is_the_trainer_config_without_owned_fields(trainer: str) -> None:
     schema = _schema()
     defs = schema["$defs"]
@@ -89,6 +89,18 @@ def test_train_args_is_the_trainer_config_without_owned_fields(trainer: str) -> 
         assert node is not None and leaf not in node.get("properties", {}), path
     assert "learning_rate" in args["properties"] and "max_completion_length" in _object(
         args["properties"]["generation"], defs)["properties"]
+
+
+def test_a_trl_trainers_args_are_its_trl_configs_fields() -> None:
+    """`trl.*`: TRL's own field names (the generated table) beside launchgen's data/rewards sections."""
+    schema = _schema()
+    args = _args_of(schema, "trl.grpo")
+    assert args["additionalProperties"] is False
+    assert {"num_generations", "beta", "loss_type", "data", "rewards", "generation"} <= set(args["properties"])
+    assert args["properties"]["num_generations"]["default"] == 8
+    # the bundled generation.max_completion_length is OnlineDPOConfig's max_new_tokens (default 64)
+    dpo = _args_of(schema, "trl.online_dpo")["properties"]
+    assert dpo["generation"]["properties"]["max_completion_length"] == dpo["max_new_tokens"]
 
 
 def test_examples_train_args_validate_and_a_typo_does_not() -> None:

@@ -40,16 +40,17 @@ _SMALL: dict[str, dict[str, Any]] = {
 
 
 def trl_cfg(tmp_path: Path, model: Path, name: str, **args: Any) -> dict[str, Any]:
-    """A 2-step fp32 CPU run config of `name`; `args` replaces TRL arguments."""
+    """A 2-step fp32 CPU run config of `name` (TRL's bf16 default is on, CPU included); `args` replaces TRL
+    arguments."""
     entry = TRL_ENTRIES[name]
     base: dict[str, Any] = {
         "output_dir": str(tmp_path / "out"), "max_steps": 2, "per_device_train_batch_size": 4,
-        "learning_rate": 1e-3, "use_cpu": True, "logging_steps": 1, "save_steps": 100, "report_to": [],
+        "learning_rate": 1e-3, "use_cpu": True, "bf16": False, "logging_steps": 1, "save_steps": 100, "report_to": [],
         "seed": 0, **_SMALL[name],
     }
     if name == "gkd":
         base["teacher_model_name_or_path"] = str(model)
-    cfg: dict[str, Any] = {"trainer": name, "model_name_or_path": str(model),
+    cfg: dict[str, Any] = {"trainer": f"trl.{name}", "model_name_or_path": str(model),
                            "data": {"path": str(data_for(entry.data, tmp_path))},
                            "save_final_model": False, "args": {**base, **args}}
     if entry.rewards:

@@ -44,6 +44,9 @@ class TrainerFacts:
     supports_liger_loss: bool = False
     #: Where it is listed among the trainers (messages, the spec's `train.trainer` type, docs): lower first.
     listed: int = 100
+    #: TRL's config class whose fields `train.args` takes (a TRL trainer run by `launchgen.trainers.trl`); None:
+    #: the bundled loop's config. Checks that read the bundled config's arguments stand down where it is set.
+    trl_config: str | None = None
 
 
 _REGISTRY: dict[str, type[DeclaredConfig]] = {}

@@ -18,6 +18,10 @@ from launchgen.trainer_config import arg_paths, resolve_trainer_config
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.configs import CONFIGS
 from launchgen.trainers.declaration import DeclaredConfig, TrainerFacts
+from launchgen.trainers.trl.config import TrlRunConfig
+
+#: `train.args` keys with the same meaning for the bundled trainers and TRL's (launchgen's data and rewards).
+SHARED_ARGS = frozenset({"data", "eval_data", "rewards"})
 
 if TYPE_CHECKING:
     from launchgen.plan import Plan
@@ -42,14 +46,16 @@ class Ctx:
         return find_model_config(m.name_or_path, m.revision, self.env)
 
     @cached_property
-    def _trainer_config(self) -> tuple[TrainerConfig | None, list[Issue]]:
+    def _trainer_config(self) -> tuple[TrainerConfig | TrlRunConfig | None, list[Issue]]:
         return resolve_trainer_config(self.spec, self.loaded)
 
     @property
     def trainer_cfg(self) -> TrainerConfig | None:
-        """The trainer's config as the trainer will read it (its own defaults filled in), or None where
-        `train.args` does not validate (LG901) or sets a field the spec owns (LG902)."""
-        return self._trainer_config[0]
+        """The bundled trainer's config as the trainer will read it (its own defaults filled in), or None where
+        `train.args` does not validate (LG901), sets a field the spec owns (LG902) or is a TRL trainer's (its run
+        config is checked as a whole by `launchgen.trl_config`)."""
+        cfg = self._trainer_config[0]
+        return cfg if isinstance(cfg, TrainerConfig) else None
 
     @property
     def trainer_config_issues(self) -> list[Issue]:
@@ -120,6 +126,8 @@ class Ctx:
     def arg(self, path: str, default: Any = None) -> Any:
         if path not in arg_paths():
             raise KeyError(f"Ctx.arg({path!r}): no trainer's config has this field (launchgen.trainers.configs)")
+        if self.trainer_facts.trl_config is not None and path.split(".")[0] not in SHARED_ARGS:
+            return default  # TRL's fields: the bundled config's checks have nothing to read there
         node: Any = self.spec.train.args
         for part in path.split("."):
             if not isinstance(node, dict) or part not in node:

@@ -86,3 +86,35 @@ def test_a_real_run_logs_step_times_that_plan_from_run_reads(tmp_path: Path, tin
     times = read_step_times(job)
     assert len(times.seconds) == 2 and all(s > 0 for s in times.seconds)  # the first step is left out
     assert "time/step" in times.source and times.steps_done == 3
+
+
+@pytest.mark.parametrize(("model", "precision", "peft", "want"), [
+    ({}, "bf16", None, "float32"),  # auto: fp32 master weights for autocast
+    ({"dtype": "bfloat16"}, "bf16", None, "bfloat16"),  # pure-bf16 training
+    ({}, "bf16", {"r": 8}, "bfloat16"),  # LoRA: the frozen base needs no master copy
+    ({}, "fp16", {"r": 8, "modules_to_save": ["embed_tokens"]}, "float32"),  # saved modules train in full
+    ({"dtype": "float32"}, "fp32", None, "float32"),
+])
+def test_the_loaded_weight_dtype_has_one_owner(tmp_path: Path, model: dict[str, Any], precision: str,
+                                               peft: dict[str, Any] | None, want: str) -> None:
+    from launchgen.trainers.modeling import weight_dtype
+
+    data = toy_cfg(tmp_path, tmp_path, "o", "grpo", precision=precision)
+    data["model"].update(model)
+    if peft is not None:
+        data["peft"] = peft
+    cfg = TrainerConfig.model_validate(data)
+    assert trainable_weight_dtype(cfg.model.dtype, cfg.precision, lora=cfg.peft is not None,
+                                  modules_to_save=bool(cfg.peft and cfg.peft.modules_to_save)) == want
+    assert weight_dtype(cfg) == getattr(torch, want)
+
+
+def test_fp16_weights_with_fp16_loss_scaling_are_refused(tmp_path: Path) -> None:
+    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.modeling import weight_dtype
+
+    data = toy_cfg(tmp_path, tmp_path, "o", "grpo", precision="fp16")
+    data["model"]["dtype"] = "float16"
+    cfg = TrainerConfig.model_validate(data)
+    with pytest.raises(TrainerSetupError, match="fp32 master weights"):
+        weight_dtype(cfg)

@@ -47,9 +47,14 @@ def test_rendered_trainer_config_validates_and_the_module_accepts_it(
     name: str, text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.trl.config import TrlRunConfig
 
     plan = _plan(text, name)
     cfg = plan.trainer.config
+    if isinstance(cfg, TrlRunConfig):  # TRL's trainer: the run config of `python -m launchgen.trainers.trl`
+        assert type(cfg).model_validate(yaml.safe_load(plan.trainer.config_yaml)) == cfg
+        assert plan.trainer.module == "launchgen.trainers.trl" == cfg.facts.entry_module
+        return
     embedded = TrainerConfig.model_validate(yaml.safe_load(plan.trainer.config_yaml))
     assert embedded == cfg  # the file the job writes reads back as the plan's config
     assert plan.trainer.module == f"launchgen.trainers.{cfg.trainer}"

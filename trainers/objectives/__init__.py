@@ -43,6 +43,6 @@ def build_objective(cfg: TrainerConfig, num_processes: int) -> Objective:
 
         check_liger_compatible(cfg)
         if not cfg.facts.supports_liger_kernel:
-            able = names_where(lambda f: f.supports_liger_kernel)
+            able = names_where(lambda f: f.supports_liger_kernel and f.trl_config is None)  # the bundled loop's
             raise TrainerSetupError(f"model.use_liger_kernel is supported for {', '.join(able)}, not {cfg.trainer}")
     return objective

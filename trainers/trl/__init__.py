@@ -5,3 +5,10 @@ sections, and launchgen's lifecycle (signal -> checkpoint -> exit 75, resume, me
 This package's `__init__`, `entries`, `config` and `fields` import no torch, transformers or trl: `launchgen check`
 reads the entry table and the generated field table (`fields.json`) on a login node.
 """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m launchgen.trainers.trl` (the entry module the trl.* declarations name)."""
+    from launchgen.trainers.trl.run import main as run_main
+
+    return run_main(argv)

@@ -2,7 +2,7 @@
 sections, the server address the job resolves at run time, and `args`, the keyword arguments of TRL's own config
 class (GRPOConfig, ...) checked against the generated field table. pydantic and the standard library only.
 
-    trainer: grpo                      # a key of entries.TRL_ENTRIES
+    trainer: trl.grpo                  # `trl.` + a key of entries.TRL_ENTRIES
     model_name_or_path: /models/qwen
     data: {path: prompts.jsonl}        # launchgen.trainers.config.DataSection
     rewards: [{name: accuracy}]        # launchgen.trainers.config.RewardSpec (weights -> TRL's reward_weights)
@@ -17,11 +17,10 @@ from typing import Any, Literal
 
 import yaml
 from launchgen.trainers.config import DataSection, RewardSpec, _Strict, apply_override
-from launchgen.trainers.trl.entries import LAUNCHGEN_KEYS, TRL_ENTRIES
+from launchgen.trainers.declaration import DeclaredConfig
+from launchgen.trainers.trl.entries import LAUNCHGEN_KEYS, PREFIX, TRL_ENTRIES, TrlEntry
 from launchgen.trainers.trl.fields import problems
 from pydantic import Field, model_validator
-
-TrlName = Literal["grpo", "rloo", "online_dpo", "sft", "dpo", "gkd", "async_grpo"]
 
 #: TRL fields the `server` section fills; a run config sets them in one place only.
 SERVER_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_group_port")
@@ -38,10 +37,15 @@ class ServerAddress(_Strict):
         return f"http://{host}:{self.port}"
 
 
-class TrlRunConfig(_Strict):
-    trainer: TrlName = Field(description="TRL trainer: " + ", ".join(TRL_ENTRIES) + ".")
+class TrlRunConfig(DeclaredConfig, _Strict):
+    """The shared fields; each TRL trainer's declared class (`launchgen.trainers.configs.trl`) narrows `trainer`."""
+
+    trainer: str = Field(description="TRL trainer: " + ", ".join(PREFIX + n for n in TRL_ENTRIES) + ".")
     model_name_or_path: str = Field(description="The policy model (Hub id or local folder), as TRL's ModelConfig.")
-    data: DataSection = Field(description="Training rows (launchgen's data section; the prompt column becomes `prompt`).")
+    data: DataSection | None = Field(
+        default=None,
+        description="Training rows (launchgen's data section; the prompt column becomes `prompt`); required unless "
+        "`script` brings its own data.")
     eval_data: DataSection | None = Field(default=None, description="Evaluation rows (TRL's eval_dataset).")
     rewards: list[RewardSpec] = Field(
         default_factory=lambda: [RewardSpec(name="accuracy")],
@@ -56,13 +60,25 @@ class TrlRunConfig(_Strict):
     )
     save_final_model: bool = Field(default=True, description="Write the final model to output_dir/final.")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of TRL's config class.")
+    script: str | None = Field(
+        default=None,
+        description="The user's own TRL script (a .py path, or `-m package.module`'s module) run instead of the "
+        "bundled runner: `args` become its command-line flags (launchgen.trainers.trl.script).")
+    script_args: list[str] = Field(default_factory=list, description="The script's own arguments, after launchgen's.")
+
+    @property
+    def entry(self) -> TrlEntry:
+        return TRL_ENTRIES[self.trainer.removeprefix(PREFIX)]
 
     @model_validator(mode="after")
     def _trl_fields(self) -> TrlRunConfig:
+        if self.trainer.removeprefix(PREFIX) not in TRL_ENTRIES or not self.trainer.startswith(PREFIX):
+            raise ValueError(f"trainer: {self.trainer!r} is not one of {', '.join(PREFIX + n for n in TRL_ENTRIES)}")
+        name = self.trainer.removeprefix(PREFIX)
         misplaced = [k for k in LAUNCHGEN_KEYS if k in self.args]
         if misplaced:
             raise ValueError(f"args.{misplaced[0]}: launchgen's key, not a TRL field: write it at the top level")
-        found = problems(self.trainer, self.args)
+        found = problems(name, self.args)
         if found:
             p = found[0]
             raise ValueError(f"args.{p.key}: {p.message}; {p.fix}")
@@ -72,8 +88,12 @@ class TrlRunConfig(_Strict):
             both = [f for f in SERVER_FIELDS if f in self.args]
             if both:
                 raise ValueError(f"args.{both[0]}: the `server` section sets the server address; set one of them")
-        entry = TRL_ENTRIES[self.trainer]
-        if entry.data == "prompt" and self.data.max_prompt_length is not None:
+        entry = self.entry
+        if self.script is None and self.data is None:
+            raise ValueError("data: required (the training rows), unless a `script` loads its own")
+        if self.script is not None and (self.data is not None or self.eval_data is not None):
+            raise ValueError("data: the script loads its own data; pass its data set in script_args")
+        if entry.data == "prompt" and self.data is not None and self.data.max_prompt_length is not None:
             raise ValueError(f"data.max_prompt_length: TRL's {entry.config_class} has no prompt truncation; "
                              "shorten the prompts in the data")
         if entry.vllm == "server" and self.server is None and "vllm_server_base_url" not in self.args:

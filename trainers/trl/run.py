@@ -24,7 +24,7 @@ from launchgen.trainers.checkpoint import (
 from launchgen.trainers.config import DataSection
 from launchgen.trainers.errors import TrainerSetupError
 from launchgen.trainers.trl.config import TrlRunConfig
-from launchgen.trainers.trl.entries import PREFIX, TRL_ENTRIES, TrlEntry
+from launchgen.trainers.trl.entries import TrlEntry
 
 
 def _load(path: str) -> Any:
@@ -145,13 +145,14 @@ def _tokenizer(cfg: TrlRunConfig) -> Any:
 def build_trainer(cfg: TrlRunConfig, entry: TrlEntry, trl_config: Any, reward_funcs: list[Any] | None,
                   callback: Any) -> Any:
     cls = _load(entry.trainer)
+    assert cfg.data is not None  # TrlRunConfig: required without a script
     kwargs: dict[str, Any] = {"args": trl_config, "train_dataset": dataset(cfg.data, entry.data),
                               "callbacks": [callback]}
     if cfg.eval_data is not None:
         kwargs["eval_dataset"] = dataset(cfg.eval_data, entry.data)
     if reward_funcs is not None:
         kwargs["reward_funcs"] = reward_funcs
-    if entry.name == "gkd":
+    if entry.name == "gkd":  # the one TRL trainer whose teacher is a constructor argument
         teacher = cfg.args.get("teacher_model_name_or_path")
         if not teacher:
             raise TrainerSetupError("args.teacher_model_name_or_path: gkd distils from a teacher model; name it")
@@ -172,11 +173,11 @@ def run(cfg: TrlRunConfig) -> int:
 
 
 def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
-    entry = TRL_ENTRIES[cfg.trainer]
+    entry = cfg.entry
     from accelerate import PartialState
     from launchgen.trainers.reporting import quiet_bars_off_terminal
     from launchgen.trainers.trl.callback import LifecycleCallback
-    from launchgen.trainers.trl.server import patch_for_transport
+    from launchgen.trainers.trl.server import cpu_device_lookup, patch_for_transport
 
     quiet_bars_off_terminal()
     state = PartialState()
@@ -186,7 +187,8 @@ def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
     resumed_step = int(Path(resume_from).name.rpartition("-")[2]) if resume_from else None
     callback = LifecycleCallback(flag, cfg.output_dir, resumed_step)
     patch_for_transport(trl_config)
-    trainer = build_trainer(cfg, entry, trl_config, reward_funcs, callback)
+    with cpu_device_lookup(trl_config):
+        trainer = build_trainer(cfg, entry, trl_config, reward_funcs, callback)
     callback.accelerator = trainer.accelerator
     _quiet_printer(trainer)
     if resume_from and state.is_main_process:
@@ -200,7 +202,7 @@ def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
     if cfg.save_final_model:
         trainer.save_model(str(cfg.output_dir / "final"))
     if state.is_main_process:
-        write_complete_marker(cfg.output_dir, trainer.state.global_step, PREFIX + cfg.trainer)
+        write_complete_marker(cfg.output_dir, trainer.state.global_step, cfg.trainer)
     state.wait_for_everyone()
     return EXIT_OK
 
@@ -230,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     try:
+        if cfg.script is not None:
+            from launchgen.trainers.trl.script import run_script
+
+            return run_script(cfg)
         return run(cfg)
     except TrainerSetupError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,12 +11,26 @@ that output_dir. Metrics go to `<output_dir>/metrics.jsonl` and the trainer log'
 
 from __future__ import annotations
 
+import json
+import os
 import runpy
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.checkpoint import EXIT_PREEMPTED, SignalFlag, write_complete_marker
+
+if TYPE_CHECKING:
+    from launchgen.trainers.trl.config import TrlRunConfig
+
+#: A script whose source names one of these parses TRL's config fields from its command line.
+ARG_PARSERS = ("TrlParser", "HfArgumentParser")
+#: A script whose source names this parses TRL's ModelConfig (--model_name_or_path, --dtype, ...).
+MODEL_CONFIG = "ModelConfig"
+#: Every value launchgen passes is also in the environment as LAUNCHGEN_TRL_<FIELD> (for scripts that parse nothing).
+ENV_PREFIX = "LAUNCHGEN_TRL_"
+#: ModelConfig's flag for each model_init_kwargs key launchgen fills.
+_MODEL_FLAGS = {"dtype": "dtype", "attn_implementation": "attn_implementation", "revision": "model_revision"}
 
 
 class _Finished:
@@ -66,6 +80,66 @@ def install(flag: SignalFlag, finished: _Finished) -> None:
 
     Trainer.__init__ = __init__  # type: ignore[method-assign]
     Trainer.train = train  # type: ignore[method-assign]
+
+
+def _words(value: Any) -> list[str]:
+    """A value as HfArgumentParser reads it: true/false, one word per list item, JSON for a mapping."""
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value] or ["none"]
+    if isinstance(value, dict):
+        return [json.dumps(value, sort_keys=True)]
+    return [str(value)]
+
+
+def launch_values(cfg: TrlRunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(TRL config fields, ModelConfig fields) launchgen passes to a script: the run config's `args` (what the
+    topology decided and the user's train.args) with the server's address, and the model's loading options."""
+    values = {k: v for k, v in cfg.args.items() if v is not None}
+    if cfg.server is not None:
+        values["vllm_server_base_url"] = cfg.server.base_url
+        if cfg.entry.vllm != "server":
+            values["vllm_group_port"] = cfg.server.group_port
+    model: dict[str, Any] = {"model_name_or_path": cfg.model_name_or_path}
+    init = values.get("model_init_kwargs")
+    if isinstance(init, dict):
+        model.update({flag: init[key] for key, flag in _MODEL_FLAGS.items() if init.get(key) is not None})
+    return values, model
+
+
+def script_command(cfg: TrlRunConfig, source: str) -> tuple[list[str], dict[str, str]]:
+    """The flags before the user's script_args, and the LAUNCHGEN_TRL_* environment (docs/trl-names.md)."""
+    values, model = launch_values(cfg)
+    flags: list[str] = []
+    if any(p in source for p in ARG_PARSERS):
+        for key, value in values.items():
+            flags += [f"--{key}", *_words(value)]
+    if MODEL_CONFIG in source:
+        for key, value in model.items():
+            flags += [f"--{key}", *_words(value)]
+    env = {ENV_PREFIX + k.upper(): " ".join(_words(v)) for k, v in {**values, **model}.items()}
+    return [*flags, *cfg.script_args], env
+
+
+def run_script(cfg: TrlRunConfig) -> int:
+    """A job's `train.script`: the flags and environment from the run config, then the script under `main`."""
+    assert cfg.script is not None
+    as_module = not cfg.script.endswith(".py")
+    source = _source(cfg.script, as_module)
+    argv, env = script_command(cfg, source)
+    os.environ.update(env)
+    return main(["-m", cfg.script, *argv] if as_module else [cfg.script, *argv])
+
+
+def _source(target: str, as_module: bool) -> str:
+    if not as_module:
+        return Path(target).read_text()
+    import importlib.util
+
+    spec = importlib.util.find_spec(target)
+    origin = spec.origin if spec is not None else None
+    return Path(origin).read_text() if origin and origin.endswith(".py") else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 GLOO = "gloo"
@@ -97,3 +98,26 @@ def patch_for_transport(trl_config: Any) -> None:
     VLLMClient.update_named_params = update_named_params  # type: ignore[method-assign]
     VLLMClient.close_communicator = close_communicator  # type: ignore[method-assign]
     VLLMClient._launchgen_patched = True  # type: ignore[attr-defined]
+
+
+@contextmanager
+def cpu_device_lookup(trl_config: Any) -> Iterator[None]:
+    """While TRL's trainer is built: on a host without an accelerator, `torch.accelerator.current_accelerator()`
+    answers the CPU instead of None.
+
+    TRL's OnlineDPOTrainer (server mode) asks it for the device to host the weight-transfer group on
+    (`current_accelerator().type`, then `torch.<type>.current_device()`) and fails on None before the client is
+    asked anything; the gloo path above needs no device. Elsewhere (a GPU host, colocate mode) it changes nothing.
+    """
+    import torch
+
+    if (not getattr(trl_config, "use_vllm", False) or getattr(trl_config, "vllm_mode", None) != "server"
+            or torch.accelerator.current_accelerator() is not None):
+        yield
+        return
+    lookup = torch.accelerator.current_accelerator
+    torch.accelerator.current_accelerator = lambda *args, **kwargs: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.accelerator.current_accelerator = lookup

@@ -166,10 +166,18 @@ def installed_versions(names: tuple[str, ...] = compat.TRACKED_PACKAGES) -> dict
     return out
 
 
+def table_version() -> str:
+    from launchgen.trainers.trl.fields import table_version as version
+
+    return version()
+
+
 def probe_versions(ctx: Ctx, versions: Mapping[str, str | None]) -> Iterator[Issue]:
     attn, _ = attn_setting(ctx)
+    trl_table = table_version() if ctx.trainer_facts.trl_config is not None else None
     yield from compat.installed_issues(
-        versions, uses_hub_kernel=is_hub_kernel(attn), liger=liger_enabled(ctx), needs_vllm=ctx.spec.vllm is not None)
+        versions, uses_hub_kernel=is_hub_kernel(attn), liger=liger_enabled(ctx), needs_vllm=ctx.spec.vllm is not None,
+        trl_table=trl_table)
     # which flash-attn2 build an unpinned name resolves to with these versions
     if attn is None or not is_hub_kernel(attn):
         return

@@ -129,6 +129,8 @@ def _owned_reported_elsewhere(ctx: Ctx) -> set[str]:
 
 @check("LG902")
 def trainer_args_not_owned(ctx: Ctx) -> Iterator[Issue]:
+    if ctx.trainer_facts.trl_config is not None:
+        return  # TRL's fields: a value contradicting the topology is LG921 (launchgen.trl_config)
     elsewhere = _owned_reported_elsewhere(ctx)
     for path, by in owned_args(ctx.spec.train.args):
         if path not in elsewhere:

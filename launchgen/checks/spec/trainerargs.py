@@ -22,7 +22,20 @@ _doc("LG901", "error", "train.args does not validate as the trainer's config (un
 def trainer_args_validate(ctx: Ctx) -> Iterator[Issue]:
     if ctx.spec.vllm is not None and not ctx.trainer_facts.online:
         return  # LG503: the fix is to delete the vllm section, which the trainer config refuses too
-    yield from ctx.trainer_config_issues
+    yield from (i for i in ctx.trainer_config_issues if i.code == "LG901")
+
+
+_doc("LG920", "error", "A trl.* trainer cannot run this topology (async_grpo without a vLLM server, several "
+     "server replicas: TRL's client talks to one server).", "Change the vllm section, or use the bundled trainer.")
+_doc("LG921", "error", "A TRL field in train.args contradicts what the topology decides (output_dir, precision, "
+     "use_vllm/vllm_mode, the server's address and ports, colocate's settings, model loading).",
+     "Remove the field from train.args (launchgen sets it) or change the spec field it names.")
+
+
+@check("LG920", "LG921")
+def trl_args_match_topology(ctx: Ctx) -> Iterator[Issue]:
+    """A TRL trainer's run config (launchgen.trl_config): what TRL's fields say against the topology."""
+    yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921"))
 
 
 def without_echo(issues: list[Issue]) -> list[Issue]:
