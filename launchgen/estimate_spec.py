@@ -205,6 +205,9 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
                 est.trainer.notes.append("train.distributed.deepspeed_config is not read: estimated as "
                                          f"{spec.train.backend} without offload")
             est.sources["prompt tokens"] = how
+    if cfg is None and not layout.cpu:
+        est.missing.append(f"the trainer ({spec.train.trainer}): only the bundled trainers' resolved configs are "
+                           "estimated (TRL's own trainers, or train.args with errors, are not)")
     if shape is not None and cfg is not None and layout.mode == "server":
         link = spec.estimate.link or ("nvlink" if layout.shared else "infiniband")
         gbps = spec.estimate.link_gb_per_s or LINK_GB_PER_S[link]

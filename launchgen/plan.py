@@ -52,10 +52,9 @@ import yaml
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
-from launchgen.checks.spec.cpuserver import cpu_server_problem
-from launchgen.checks.spec.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.hetjob import SERVER_GROUP, TRAINER_GROUP, is_hetjob, server_overrides
+from launchgen.invariants import cpu_server_problem, output_dir_problems, sbatch_value_problems
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout

@@ -8,7 +8,7 @@ rule the checks own did not hold (an internal error, never a user message). `lau
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from launchgen import ports
 from launchgen.issues import Issue
@@ -19,9 +19,6 @@ from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.trl.config import TrlRunConfig
-
-if TYPE_CHECKING:  # launchgen.containers builds its words from this module's Ref and EnvVar
-    from launchgen.containers import ContainerPlan
 
 #: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
 MAX_PORT_OFFSET = ports.MAX_OFFSET
@@ -179,6 +176,24 @@ class ReplicaPlan:
     @property
     def label(self) -> str:
         return "vLLM server" if self.count == 1 else f"vLLM server replica {self.index}"
+
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """A role's container: the words the step's command starts with, or the options its `srun` line gets."""
+
+    runtime: str
+    image: str
+    mounts: tuple[Word, ...]  # as the runtime writes them (SRC[:DST[:ro]])
+    gpus: bool
+    #: apptainer/charliecloud: the words before the step's own command (empty for pyxis)
+    prefix: Argv
+    #: pyxis: the options on the step's `srun` line (empty for the others)
+    srun_args: Argv
+    #: variables the step exports so that launchgen's values win over the image's (apptainer's prefix rule)
+    env: tuple[EnvVar, ...]
+    source: str  # the spec path it comes from: `container`, `vllm.container` or `train.container`
 
 
 @dataclass(frozen=True)

@@ -403,3 +403,9 @@ def test_sft_estimates_max_length_rows_and_no_server() -> None:
     assert e.server is None and e.sync is None
     assert e.trainer_setup.prompt_tokens + e.trainer_setup.completion_tokens == 1024  # sft's max_length default
     assert e.trainer_setup.tokens_per_pass == 4 * 1024
+
+
+def test_a_trl_trainer_is_said_to_be_not_estimated() -> None:
+    e = _estimate_of(REPO / "examples" / "trl-grpo-split.yaml")
+    assert e.trainer is None and e.server is not None
+    assert any("TRL's own trainers" in m for m in e.missing)
