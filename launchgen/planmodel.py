@@ -217,11 +217,14 @@ class ServerPlan:
     unhealthy_probes: int = 3
     #: vllm.container (or the job-wide container): the commands above already start with its prefix
     container: ContainerPlan | None = None
+    #: the heterogeneous job's component the server steps run in (None: not a heterogeneous job)
+    het_group: int | None = None
 
     @property
     def srun_args(self) -> Argv:
-        """Options of the server steps' `srun` lines (pyxis)."""
-        return self.container.srun_args if self.container else ()
+        """Options of the server steps' `srun` lines (its het group, pyxis)."""
+        het: Argv = () if self.het_group is None else (f"--het-group={self.het_group}",)
+        return (*het, *(self.container.srun_args if self.container else ()))
 
     @property
     def health_lost_after(self) -> int:
@@ -260,11 +263,17 @@ class TrainerPlan:
     colocate: bool
     #: train.container (or the job-wide container): `argv` already starts with its prefix
     container: ContainerPlan | None = None
+    #: the heterogeneous job's component the trainer steps run in (None: not a heterogeneous job)
+    het_group: int | None = None
+
+    @property
+    def het_args(self) -> Argv:
+        return () if self.het_group is None else (f"--het-group={self.het_group}",)
 
     @property
     def srun_args(self) -> Argv:
-        """Options of the trainer step's `srun` line (pyxis)."""
-        return self.container.srun_args if self.container else ()
+        """Options of the trainer step's `srun` line (its het group, pyxis)."""
+        return (*self.het_args, *(self.container.srun_args if self.container else ()))
 
 
 @dataclass(frozen=True)
@@ -275,6 +284,8 @@ class SlurmPlan:
     max_restarts: int
     requeue: bool
     cpus_per_task: int | None
+    #: a heterogeneous job's server component (after `#SBATCH hetjob`; launchgen.hetjob); empty otherwise
+    het_directives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
