@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from launchgen.checks.registry import CODES
+from launchgen.checks.codes import CODES
 from launchgen.hfcache import ModelConfig, find_model_config
 from launchgen.issues import Issue, Severity
 from launchgen.layout import Layout, resolve_layout
