@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from launchgen.planmodel import Argv, EnvVar, Ref, Word
+from launchgen.planmodel import Argv, ContainerPlan, EnvVar, Ref, Word
 from launchgen.spec import ContainerSection, Spec
 
 RoleName = Literal["server", "trainer"]
@@ -60,23 +60,6 @@ RUNTIMES: dict[str, Runtime] = {
     "charliecloud": Runtime("charliecloud", "ch-run", wraps=True, comma_lists=False, read_only_mounts=False,
                             env_prefix="", gpu_flags=(), needs_slurm=False),
 }
-
-
-@dataclass(frozen=True)
-class ContainerPlan:
-    """A role's container: the words the step's command starts with, or the options its `srun` line gets."""
-
-    runtime: str
-    image: str
-    mounts: tuple[Word, ...]  # as the runtime writes them (SRC[:DST[:ro]])
-    gpus: bool
-    #: apptainer/charliecloud: the words before the step's own command (empty for pyxis)
-    prefix: Argv
-    #: pyxis: the options on the step's `srun` line (empty for the others)
-    srun_args: Argv
-    #: variables the step exports so that launchgen's values win over the image's (apptainer's prefix rule)
-    env: tuple[EnvVar, ...]
-    source: str  # the spec path it comes from: `container`, `vllm.container` or `train.container`
 
 
 def role_container(spec: Spec, role: RoleName) -> tuple[ContainerSection | None, str]:

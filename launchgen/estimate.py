@@ -1,9 +1,9 @@
 """Memory, weight-sync time and GPU-hours before the queue wait: every input and formula of the estimate (issue 26).
 
 Standard library only (`check` and `plan` import it on a login node). The inputs are plain values: a `ModelShape`
-(from a local config.json, `hfcache.ModelConfig`, or `estimate.model_config` in the spec), the GPU's memory (a
+(from a local config.json, `hfcache.ModelConfig`, or `estimate.model` in the spec), the GPU's memory (a
 `slurm.gpu_type` from `GPU_MEMORY_GIB`, `estimate.gpu_memory_gib`, or nvidia-smi under `check --live`) and the
-role's settings; `from_spec` in `launchgen.estimate_spec` gathers them from a spec. The formulas:
+role's settings; `launchgen.estimate_spec.estimate` gathers them from a spec. The formulas:
 
 * **Server** (vLLM, per TP rank): weights / TP, a runtime reserve (the profile run's activations at the
   scheduler's token budget, sampler logits, CUDA graphs, NCCL and cuBLAS workspaces), and the KV cache: what
@@ -21,10 +21,12 @@ role's settings; `from_spec` in `launchgen.estimate_spec` gathers them from a sp
   the precision's dtype, the adapters (r x (in + out) per adapted linear) in fp32 with fp32 gradients and moments.
   A reference model (KL with beta != 0 and no LoRA) is one more copy of the weights.
 * **Activations** (a rough bound): with gradient checkpointing each decoder layer's bf16 input is kept
-  (tokens x hidden x 2 bytes x layers) plus one layer's recomputed activations; without it every layer's
-  (`ACT_PER_TOKEN_LAYER` below); plus the log-prob head's fp32 logit tiles (`model.logits_chunk_mib` each,
-  `LOGIT_TILE_COPIES` alive at once). Tokens of a forward pass = per_device_train_batch_size x (prompt +
-  completion), at most `max_tokens_per_forward`.
+  (tokens x hidden x 2 bytes x layers), without it every layer's activations (`ACT_*_UNITS` below); the peak is
+  the larger of the start of the backward pass (all kept activations plus the log-prob head's fp32 tiles,
+  `model.logits_chunk_mib` x `LOGIT_TILE_COPIES`, or the last layer's recomputation and the head's fp32 weight
+  gradient) and its end (all gradients plus the first layer's working set): `peak_activation_bytes`. Tokens of a
+  pass = per_device_train_batch_size x (prompt + completion), at most `max_tokens_per_forward`. Checked against
+  H200 peaks in benchmarks/RESULTS.md.
 * **Weight sync**: bytes pushed per optimizer step (every parameter, or with LoRA the merged adapted modules:
   vLLM's fused groups q/k/v and gate/up whole) over the link's effective bandwidth (`LINK_GB_PER_S`).
 * **GPU-hours**: measured seconds per step x max_steps x GPUs of the allocation / 3600.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 GIB = 2**30
@@ -483,8 +485,6 @@ def trainer_alternatives(shape: ModelShape, s: TrainerSetup, gpu_gib: float) -> 
 
 
 def _with(s: TrainerSetup, **changes: Any) -> TrainerSetup:
-    from dataclasses import replace
-
     return replace(s, **changes)
 
 
@@ -507,13 +507,12 @@ class SyncEstimate:
                 "gb_per_s": self.gb_per_s, "seconds": round(self.seconds, 4)}
 
 
-#: vLLM loads these per-layer linears as one fused parameter, so adapting one pushes the group (peft_config owns
-#: the groups; repeated here by leaf name to keep this module free of the trainer package).
 def sync_bytes(shape: ModelShape, dtype_bytes: int, lora_targets: tuple[str, ...] | None,
                modules_to_save: tuple[str, ...] = (),
                fused_groups: tuple[tuple[str, ...], ...] = ()) -> tuple[int, str]:
-    """Bytes one weight sync pushes: every parameter, or the merged adapted modules (whole fused groups) and the
-    modules_to_save."""
+    """Bytes one weight sync pushes: every parameter, or the merged adapted modules and the modules_to_save. vLLM
+    loads some linears as one fused parameter, so adapting one pushes its whole group (`fused_groups`, leaf names:
+    `peft_config.FUSED_GROUPS`, passed in to keep this module free of the trainer package)."""
     if lora_targets is None:
         return shape.parameter_count() * dtype_bytes, "every parameter"
     linears = shape.layer_linears()

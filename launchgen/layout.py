@@ -87,9 +87,14 @@ class Layout:
         return self.server_gpus_per_node * len(self.server_positions)
 
     @property
+    def replica_size(self) -> int:
+        """GPUs (workers) of one server replica: TP x DP."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
     def tp_dp_matches_server(self) -> bool:
         """TP x DP x replicas is the server's GPU count (LG201's rule)."""
-        return self.tensor_parallel_size * self.data_parallel_size * self.replicas == self.server_world_size
+        return self.replica_size * self.replicas == self.server_world_size
 
     @property
     def server_tp_fits_node(self) -> bool:
@@ -105,8 +110,7 @@ class Layout:
     def data_parallel_size_local(self) -> int:
         """Server DP ranks per server node of one replica (the whole DP size where the layout does not divide)."""
         if self.mode == "server" and self.tp_dp_matches_server and self.server_tp_fits_node:
-            size = self.tensor_parallel_size * self.data_parallel_size
-            return min(self.server_gpus_per_node, size) // self.tensor_parallel_size
+            return min(self.server_gpus_per_node, self.replica_size) // self.tensor_parallel_size
         return self.data_parallel_size
 
     @property
@@ -124,7 +128,7 @@ class Layout:
         out: list[GpuSlot] = []
         if position in self.server_positions:
             k = self.server_positions.index(position)
-            size = max(self.tensor_parallel_size * self.data_parallel_size, 1)
+            size = max(self.replica_size, 1)
             for j, gpu in enumerate(self.server_gpus):
                 g = k * len(self.server_gpus) + j
                 w = g % size  # worker index within its replica

@@ -52,9 +52,9 @@ import yaml
 from launchgen import __version__
 from launchgen import ports as ports_rule
 from launchgen.accelerate_config import accelerate_config
-from launchgen.checks.spec.cpuserver import cpu_server_problem
-from launchgen.checks.spec.jobvalues import output_dir_problems, sbatch_value_problems
 from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
+from launchgen.hetjob import SERVER_GROUP, TRAINER_GROUP, is_hetjob, server_overrides
+from launchgen.invariants import cpu_server_problem, output_dir_problems, sbatch_value_problems
 from launchgen.issues import Issue, SpecError
 from launchgen.jobdir import COMPLETE_MARKER, ENV_COLOCATE_MASTER_PORT, ENV_NODE_NAME, EXIT_SERVER_FAILED
 from launchgen.jobdir import Layout as JobLayout
@@ -126,9 +126,9 @@ def spec_hash(spec: Spec) -> str:
     return hashlib.sha256(spec_canonical_json(spec).encode()).hexdigest()
 
 
-def node_layout(spec: Spec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def node_layout(spec: Spec, lay: Layout | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(trainer node positions, server node positions); a shared server is on trainer position 0."""
-    lay = resolve_layout(spec)
+    lay = lay or resolve_layout(spec)
     return lay.trainer_positions, lay.server_positions
 
 
@@ -149,24 +149,24 @@ def _assert_gpu_layout(spec: Spec, lay: Layout) -> None:
         _invariant(bool(lay.trainer_gpus), "no GPU is left for the trainer (LG105)")
 
 
-def resolve_gpus(spec: Spec) -> GpuAssignment:
+def resolve_gpus(spec: Spec, lay: Layout | None = None) -> GpuAssignment:
     """GPU positions per role, from the layout resolver, for a spec the checks accepted."""
-    lay = resolve_layout(spec)
+    lay = lay or resolve_layout(spec)
     _assert_gpu_layout(spec, lay)
     return GpuAssignment(lay.trainer_positions, lay.server_positions, lay.trainer_gpus, lay.server_gpus,
                          lay.shared_position)
 
 
-def resolve_ports(spec: Spec) -> tuple[Port, ...]:
+def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
     """Every port with the node position that binds it (base values; the offset is added at run time)."""
     t, v = spec.train, spec.vllm
-    _, server_pos = node_layout(spec)
+    lay = lay or resolve_layout(spec)
+    _, server_pos = node_layout(spec, lay)
     ports: list[Port] = [
         Port("main_process", t.main_process_port, "LG_MAIN_PROCESS_PORT", 0, "trainer rank 0 (torch rendezvous)",
              "every trainer process", "train.main_process_port"),
     ]
     if v is not None and v.mode == "server":
-        lay = resolve_layout(spec)
         places = replica_places(lay, v.replicas)
         # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks
         leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
@@ -200,16 +200,18 @@ def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
     return max([1, *counts])
 
 
-def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
-    s = spec.slurm
-    d = [f"--job-name={spec.job.name}", f"--nodes={num_nodes}", "--ntasks-per-node=1"]
-    if spec.train.device == "cuda" or (spec.vllm is not None and spec.vllm.mode == "server"
-                                       and spec.vllm.device == "cuda"):
-        g = s.gpus_per_node
+def _resource_directives(spec: Spec, nodes: int, gpus: bool, plan_cpus: int,
+                         own: dict[str, str] | None = None) -> list[str]:
+    """One component's nodes, GPUs, CPUs, memory, time, partition/account/qos and exclusivity (`own`: the server
+    component's values of a heterogeneous job, launchgen.hetjob)."""
+    s, own = spec.slurm, own or {}
+    d = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    if gpus:
+        g, gpu_type = s.gpus_per_node, own.get("gpu_type", s.gpu_type)
         if s.gpu_request == "gres":
-            d.append(f"--gres=gpu:{s.gpu_type}:{g}" if s.gpu_type else f"--gres=gpu:{g}")
+            d.append(f"--gres=gpu:{gpu_type}:{g}" if gpu_type else f"--gres=gpu:{g}")
         else:
-            d.append(f"--gpus-per-node={s.gpu_type}:{g}" if s.gpu_type else f"--gpus-per-node={g}")
+            d.append(f"--gpus-per-node={gpu_type}:{g}" if gpu_type else f"--gpus-per-node={g}")
     if s.cpus_per_task is not None:
         d.append(f"--cpus-per-task={s.cpus_per_task}")
     elif not s.exclusive:
@@ -217,11 +219,34 @@ def _sbatch_directives(spec: Spec, num_nodes: int, batch_log: str, plan_cpus: in
     if s.mem is not None:
         d.append(f"--mem={s.mem}")
     d.append(f"--time={s.time}")
-    for opt, val in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
+    for opt in ("partition", "account", "qos"):
+        val = own.get(opt, getattr(s, opt))
         if val is not None:
             d.append(f"--{opt}={val}")
     if s.exclusive:
         d.append("--exclusive")
+    return d
+
+
+def _server_uses_gpus(spec: Spec) -> bool:
+    return spec.vllm is not None and spec.vllm.mode == "server" and spec.vllm.device == "cuda"
+
+
+def _het_directives(spec: Spec, lay: Layout, plan_cpus: int) -> tuple[str, ...]:
+    """The server component's `#SBATCH` lines of a heterogeneous job (none otherwise)."""
+    if not is_hetjob(spec):
+        return ()
+    return tuple(_resource_directives(spec, len(lay.server_positions), _server_uses_gpus(spec), plan_cpus,
+                                      server_overrides(spec)))
+
+
+def _sbatch_directives(spec: Spec, lay: Layout, batch_log: str, plan_cpus: int) -> tuple[str, ...]:
+    s = spec.slurm
+    het = is_hetjob(spec)
+    # a heterogeneous job's first component is the trainer nodes alone (the server's: _het_directives)
+    nodes = len(lay.trainer_positions) if het else lay.num_nodes
+    gpus = spec.train.device == "cuda" or (not het and _server_uses_gpus(spec))
+    d = [f"--job-name={spec.job.name}", *_resource_directives(spec, nodes, gpus, plan_cpus)]
     d.append(f"--output={batch_log}")
     d.append("--open-mode=append")
     if s.signal_grace > 0:
@@ -272,8 +297,9 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
-    _invariant(cpu_server_problem(spec) is None, "a CPU vLLM server that cannot run here (LG915)")
+    _invariant(cpu_server_problem(spec, lay) is None, "a CPU vLLM server that cannot run here (LG915)")
     _assert_parallel_layout(lay)
+    _invariant(not is_hetjob(spec) or not lay.shared, "a heterogeneous job whose server shares a node (LG261)")
 
 
 def build_plan(loaded: LoadedSpec) -> Plan:
@@ -286,19 +312,20 @@ def build_plan(loaded: LoadedSpec) -> Plan:
     config, _ = resolve_trainer_config(spec, loaded)
     _invariant(config is not None, "train.args does not validate as the trainer's config (LG901)")
     assert config is not None
-    gpus = resolve_gpus(spec)
+    gpus = resolve_gpus(spec, lay)
     batch_log = f"{spec.job.name}-%j.out"
     s = spec.slurm
-    directives = _sbatch_directives(spec, lay.num_nodes, batch_log, plan_cpus_per_node(gpus, lay.processes_per_node))
+    plan_cpus = plan_cpus_per_node(gpus, lay.processes_per_node)
+    directives = _sbatch_directives(spec, lay, batch_log, plan_cpus)
     slurm = SlurmPlan(directives, tuple(s.setup), s.signal_grace, s.max_restarts, s.max_restarts > 0,
-                      s.cpus_per_task)
+                      s.cpus_per_task, _het_directives(spec, lay, plan_cpus))
     h = spec_hash(spec)
     spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
                  + yaml.safe_dump(spec_dump(spec), sort_keys=False))
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
-        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec),
+        nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec, lay),
         port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus), preflight=spec.job.preflight,
         server=_server_plan(spec, lay, gpus) if lay.mode == "server" else None,
         trainer=_trainer_plan(spec, lay, gpus, precision, config),
@@ -374,7 +401,8 @@ def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
     return ServerPlan(gpus.server_positions, gpus.server_gpus, lay.tensor_parallel_size, lay.data_parallel_size,
                       lay.data_parallel_size_local, lay.multi_node_dp, v.bind, replicas[0].commands, replicas[0].env,
                       "/health", v.health_timeout, " ".join(v.executable_words), replicas,
-                      v.max_replica_restarts if v.restart_replicas else 0, container=container)
+                      v.max_replica_restarts if v.restart_replicas else 0, container=container,
+                      het_group=SERVER_GROUP if is_hetjob(spec) else None)
 
 
 def _role_container(spec: Spec, role: RoleName, uses_gpus: bool, env: tuple[EnvVar, ...]) -> ContainerPlan | None:
@@ -491,6 +519,7 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
         positions=gpus.trainer_positions, gpus=gpus.trainer_gpus, device=t.device, num_machines=num_machines,
         processes_per_node=lay.processes_per_node, num_processes=num_processes, backend=t.backend, module=module,
         argv=tuple(targv), env=tenv, unset_env=("VLLM_SERVER_DEV_MODE",), container=container,
+        het_group=TRAINER_GROUP if is_hetjob(spec) else None,
         overrides=tuple(overrides), accelerate_config=acc,
         accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True), config=config,
         config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"

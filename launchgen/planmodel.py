@@ -8,7 +8,7 @@ rule the checks own did not hold (an internal error, never a user message). `lau
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from launchgen import ports
 from launchgen.issues import Issue
@@ -19,9 +19,6 @@ from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.trl.config import TrlRunConfig
-
-if TYPE_CHECKING:  # launchgen.containers builds its words from this module's Ref and EnvVar
-    from launchgen.containers import ContainerPlan
 
 #: `job.port_offset: job_id` adds (job_id % 1000) * 10 at run time (launchgen.ports owns the rule).
 MAX_PORT_OFFSET = ports.MAX_OFFSET
@@ -181,6 +178,24 @@ class ReplicaPlan:
         return "vLLM server" if self.count == 1 else f"vLLM server replica {self.index}"
 
 
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """A role's container: the words the step's command starts with, or the options its `srun` line gets."""
+
+    runtime: str
+    image: str
+    mounts: tuple[Word, ...]  # as the runtime writes them (SRC[:DST[:ro]])
+    gpus: bool
+    #: apptainer/charliecloud: the words before the step's own command (empty for pyxis)
+    prefix: Argv
+    #: pyxis: the options on the step's `srun` line (empty for the others)
+    srun_args: Argv
+    #: variables the step exports so that launchgen's values win over the image's (apptainer's prefix rule)
+    env: tuple[EnvVar, ...]
+    source: str  # the spec path it comes from: `container`, `vllm.container` or `train.container`
+
+
 @dataclass(frozen=True)
 class ServerPlan:
     positions: tuple[int, ...]  # leader first
@@ -202,11 +217,14 @@ class ServerPlan:
     unhealthy_probes: int = 3
     #: vllm.container (or the job-wide container): the commands above already start with its prefix
     container: ContainerPlan | None = None
+    #: the heterogeneous job's component the server steps run in (None: not a heterogeneous job)
+    het_group: int | None = None
 
     @property
     def srun_args(self) -> Argv:
-        """Options of the server steps' `srun` lines (pyxis)."""
-        return self.container.srun_args if self.container else ()
+        """Options of the server steps' `srun` lines (its het group, pyxis)."""
+        het: Argv = () if self.het_group is None else (f"--het-group={self.het_group}",)
+        return (*het, *(self.container.srun_args if self.container else ()))
 
     @property
     def health_lost_after(self) -> int:
@@ -245,11 +263,17 @@ class TrainerPlan:
     colocate: bool
     #: train.container (or the job-wide container): `argv` already starts with its prefix
     container: ContainerPlan | None = None
+    #: the heterogeneous job's component the trainer steps run in (None: not a heterogeneous job)
+    het_group: int | None = None
+
+    @property
+    def het_args(self) -> Argv:
+        return () if self.het_group is None else (f"--het-group={self.het_group}",)
 
     @property
     def srun_args(self) -> Argv:
-        """Options of the trainer step's `srun` line (pyxis)."""
-        return self.container.srun_args if self.container else ()
+        """Options of the trainer step's `srun` line (its het group, pyxis)."""
+        return (*self.het_args, *(self.container.srun_args if self.container else ()))
 
 
 @dataclass(frozen=True)
@@ -260,6 +284,8 @@ class SlurmPlan:
     max_restarts: int
     requeue: bool
     cpus_per_task: int | None
+    #: a heterogeneous job's server component (after `#SBATCH hetjob`; launchgen.hetjob); empty otherwise
+    het_directives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,9 @@ class ReplicaPlace:
         return replica_role(self.index)
 
 
-def replica_size(lay: Layout) -> int:
-    return lay.tensor_parallel_size * lay.data_parallel_size
-
-
 def tiles(lay: Layout, replicas: int) -> bool:
     """`replicas` replicas of TP x DP GPUs cover the server's GPUs exactly (LG201's rule with replicas)."""
-    return replica_size(lay) * replicas == lay.server_world_size
+    return lay.replica_size * replicas == lay.server_world_size
 
 
 def place(lay: Layout, replicas: int) -> tuple[ReplicaPlace, ...] | None:
@@ -52,7 +48,7 @@ def place(lay: Layout, replicas: int) -> tuple[ReplicaPlace, ...] | None:
         return None
     if lay.server_cpu:
         return tuple(ReplicaPlace(k, (lay.server_positions[0],), ()) for k in range(replicas))
-    per_node, size = lay.server_gpus_per_node, replica_size(lay)
+    per_node, size = lay.server_gpus_per_node, lay.replica_size
     if not tiles(lay, replicas) or per_node == 0:
         return None
     if size >= per_node:

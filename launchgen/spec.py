@@ -433,6 +433,16 @@ class VLLMSpec(_Section):
         default=None, description="vLLM version the cluster runs (for protocol/flag checks without --live)."
     )
     container: ContainerSection | None = Field(default=None, description=_CONTAINER_DESCRIPTION)
+    partition: SbatchValue | None = Field(
+        default=None,
+        description="Server mode with dedicated server nodes: the server's own `--partition`. Any of partition, "
+        "account, qos or gpu_type that differs from `slurm`'s makes the job a SLURM heterogeneous job: the trainer "
+        "nodes are component 0 (`slurm.*`), the server nodes component 1 (these, else `slurm.*`).",
+    )
+    account: SbatchValue | None = Field(default=None, description="The server component's `--account` (see partition).")
+    qos: SbatchValue | None = Field(default=None, description="The server component's `--qos` (see partition).")
+    gpu_type: GresType | None = Field(default=None, description="The server component's GPU type in its GPU request "
+                                      "(see partition), e.g. cheaper inference GPUs than the trainers'.")
 
     _gpus = field_validator("gpus")(_non_negative_gpus)
 

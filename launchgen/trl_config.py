@@ -16,6 +16,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from launchgen import trlnames
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec, issues_from_validation
 from launchgen.ownership import COLOCATE_GPU_MEMORY_DEFAULT, vllm_mode
@@ -370,3 +371,8 @@ def markdown_section() -> str:
             "nothing; `check` warns (LG923) when it cannot see a parser in the script, and refuses a script that does",
             "not exist (LG922). `examples/trl_grpo_script.py` with `examples/trl-script.yaml` is one, run in CI.", ""]
     return "\n".join(out)
+
+
+def names_page() -> str:
+    """docs/trl-names.md: the bundled trainers' TRL names (`trlnames.markdown`), then TRL's own trainers."""
+    return trlnames.markdown() + "\n\n" + markdown_section()

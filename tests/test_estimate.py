@@ -409,3 +409,17 @@ def test_a_trl_trainer_is_said_to_be_not_estimated() -> None:
     e = _estimate_of(REPO / "examples" / "trl-grpo-split.yaml")
     assert e.trainer is None and e.server is not None
     assert any("TRL's own trainers" in m for m in e.missing)
+
+
+def test_a_users_deepspeed_file_turns_the_refusal_into_a_warning(tmp_path: Path) -> None:
+    spec = yaml.safe_load(_ddp_one_node(tmp_path).read_text())
+    spec["train"]["backend"] = "deepspeed_zero3"
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
+    spec["train"]["distributed"] = {"deepspeed_config": str(ds)}
+    p = tmp_path / "ds.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    r = _run("check", str(p))
+    line = next(x for x in r.output.splitlines() if "LG241" in x)
+    assert "warning LG241" in line and "estimated without the offload" in line
+    assert r.exit_code == 0, r.output

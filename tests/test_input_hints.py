@@ -155,7 +155,9 @@ def _paths(model: type, prefix: str = "") -> set[str]:
 
 def test_trl_names_doc_matches_the_table() -> None:
     doc = (ROOT / "docs" / "trl-names.md").read_text()
-    assert doc == trlnames.markdown(), "regenerate docs/trl-names.md from launchgen.trlnames.markdown()"
+    from launchgen.trl_config import names_page
+
+    assert doc == names_page(), "regenerate docs/trl-names.md from launchgen.trl_config.names_page()"
     for t in trlnames.TRL_NAMES:
         assert f"| `{t.trl}` |" in doc
 

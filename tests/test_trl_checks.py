@@ -101,3 +101,15 @@ def test_the_trl_vllm_window_is_a_row_of_the_compat_table() -> None:
     live = compat.installed_issues(versions, uses_hub_kernel=False, liger=False, needs_vllm=True,
                                    trl_table="1.16.0")
     assert ("LG741", "info") in [(i.code, i.severity) for i in live]
+
+
+def test_trl_dpo_reads_preference_rows(tmp_path: Path) -> None:
+    """trl.dpo's rows are prompt/chosen/rejected (facts.data `pairs`), not SFT rows."""
+    good, bad = tmp_path / "pairs.jsonl", tmp_path / "other.jsonl"
+    good.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
+    bad.write_text('{"prompt": "a", "good": "b", "rejected": "c"}\n')
+    ok = _issues(_spec({"trainer": "trl.dpo", "args": {"data": {"path": str(good)}}}), files=True)
+    assert not [i for i in ok if i.code == "LG332"]
+    found = [i for i in _issues(_spec({"trainer": "trl.dpo", "args": {"data": {"path": str(bad)}}}), files=True)
+             if i.code == "LG332"]
+    assert len(found) == 1 and "missing chosen" in found[0].message

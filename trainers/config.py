@@ -24,6 +24,7 @@ from launchgen.trainers.declaration import (
     names_where,
     spoken_list,
 )
+from launchgen.trainers.generation.capabilities import CAPABILITIES
 from launchgen.trainers.peft_config import PeftSection, combination_errors
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -263,10 +264,8 @@ def staleness_refusals(trainer: str, backend: str, correction_enabled: bool) -> 
     (launchgen.checks.spec.staleness, LG350-LG352). Reasons: `backend` (no separate engine to generate ahead on),
     `trainer` (its loss has no sampler/trainer correction), `correction` (the correction is switched off).
     """
-    from launchgen.trainers.generation.backends import BACKENDS
-
     out = []
-    caps = BACKENDS[backend].capabilities if backend in BACKENDS else None
+    caps = CAPABILITIES.get(backend)
     if caps is None or not caps.generates_ahead:
         out.append(("backend", "generation.backend",
                     f"generation.max_staleness needs the vllm_server backend (a server that generates while the "

@@ -38,7 +38,7 @@ from launchgen.trainers.objectives import build_objective
 from launchgen.trainers.objectives.base import Batch, BatchSource, Objective
 from launchgen.trainers.passes import split_passes
 from launchgen.trainers.stats import STEP_TOKENS, Stat, StepStats, reduce_step, window_value
-from launchgen.trainers.weights import iter_sync_params
+from launchgen.trainers.sync_params import iter_sync_params
 
 
 class Trainer:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 from pydantic import BaseModel, Field, TypeAdapter
 
 #: What a row of the trainer's `data` is: a prompt to generate from, or a finished example to learn.
-DataRows = Literal["prompts", "examples"]
+DataRows = Literal["prompts", "examples", "pairs"]  # pairs: prompt / chosen / rejected (offline preference)
 
 
 @dataclass(frozen=True)

@@ -58,15 +58,3 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     runs), any other tensor is itself."""
     t = t.detach()
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def iter_sync_params(
-    model: torch.nn.Module, accelerator: Any, cfg: Any, full: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """What a separate generation engine receives after an optimizer step: all weights, or with `peft` the
-    merged adapted modules (`full`: every weight, merged; see `lora.iter_sync_params`)."""
-    if getattr(cfg, "peft", None) is not None:
-        from launchgen.trainers import lora
-
-        return lora.iter_sync_params(model, accelerator, full=full)
-    return iter_full_named_params(model, accelerator)

@@ -1,4 +1,5 @@
-"""The check registry: `@check(codes..., stage=)` registers a function, `_doc` documents a code.
+"""The check registry: `@check(codes..., stage=)` registers a function (`_doc`, which documents a code, is
+`codes.py`'s, re-exported here for the check modules).
 
 Every module that holds checks (`launchgen/checks/spec/`, `launchgen/checks/files/`, `launchgen/checks/live/`)
 registers into these two tables; `launchgen.checks.run_checks` runs them.
@@ -10,24 +11,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from launchgen.issues import Issue, Severity
+from launchgen.checks.codes import CODES, CodeDoc, _doc
+from launchgen.issues import Issue
 
 if TYPE_CHECKING:
     from launchgen.checks.context import Ctx
+
+__all__ = ["CHECKS", "CODES", "Check", "CodeDoc", "Stage", "_doc", "check"]
 
 
 # --- registry ---------------------------------------------------------------------------------------------
 
 #: `files` checks read what the spec names on disk; only `check` runs them (see launchgen.checks.files).
 Stage = Literal["spec", "plan", "files"]
-
-
-@dataclass(frozen=True)
-class CodeDoc:
-    code: str
-    severity: Severity  # the most severe level the code is reported at
-    title: str
-    fix: str
 
 
 @dataclass(frozen=True)
@@ -39,13 +35,6 @@ class Check:
 
 
 CHECKS: list[Check] = []
-#: Every code launchgen reports, for `docs/check-codes.md` and the tests. The loader's and the plan's codes
-#: are documented here too so the list is complete.
-CODES: dict[str, CodeDoc] = {}
-
-
-def _doc(code: str, severity: Severity, title: str, fix: str) -> None:
-    CODES[code] = CodeDoc(code, severity, title, fix)
 
 
 def check(*codes: str, stage: Stage = "spec") -> Callable[[Callable[[Ctx], Iterable[Issue]]],

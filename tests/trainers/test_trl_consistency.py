@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
+from launchgen.trainers.trl.config import TrlRunConfig
 
 from launchgen.loader import load_spec_text
 from launchgen.trainer_config import resolve_trainer_config
-from launchgen.trainers.trl.config import TrlRunConfig
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ def _declare(name: str, position: int) -> type[TrlRunConfig]:
         "__annotations__": {"trainer": Literal[PREFIX + name]},
         "trainer": Field(description=f"`{PREFIX}{name}`: {entry.doc}."),
         "facts": TrainerFacts(entry_module=ENTRY_MODULE, online=entry.data == "prompt",
-                              data="prompts" if entry.data == "prompt" else "examples",
+                              data={"prompt": "prompts", "sft": "examples", "preference": "pairs"}[entry.data],
                               supports_liger_kernel=True, listed=200 + position, trl_config=entry.config_class),
     }
     cls_name = "Trl" + "".join(part.title() for part in name.split("_")) + "Config"

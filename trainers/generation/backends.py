@@ -1,7 +1,8 @@
 """The generation backends by `generation.backend` name, each with what the loop must know about it.
 
 Adding a backend: write a class with the `protocol.GenerationBackend` methods, a factory with the `Factory`
-signature, and one `BackendSpec` in `BACKENDS` (the config's `Backend` literal names it too). The loop asks the
+signature, its `Capabilities` in `capabilities.CAPABILITIES` (torch-free: the config and `launchgen check` read
+it) and its factory in `_FACTORIES` here (the config's `Backend` literal names it too). The loop asks the
 capabilities, never the name: whether to push weights after each optimizer step, whether the sampler's log-probs
 can differ from the trainer's (the importance-sampling correction), whether log-probs come back at all.
 Backend modules are imported only when selected, so vLLM stays optional.
@@ -10,10 +11,11 @@ Backend modules are imported only when selected, so vLLM stays optional.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.generation.capabilities import CAPABILITIES, Capabilities
 
 if TYPE_CHECKING:
     from launchgen.trainers.config import TrainerConfig
@@ -21,19 +23,6 @@ if TYPE_CHECKING:
 
 #: (cfg, accelerator, policy model as prepared, tokenizer) -> backend
 Factory = Callable[["TrainerConfig", Any, Any, Any], "GenerationBackend"]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    #: Generates with the trainer's own (live) weights: no copy to update, no sampler/trainer mismatch to correct.
-    shares_policy_weights: bool
-    #: Returns the sampled tokens' log-probs (`GenerationOutput.logprobs`), as importance sampling needs.
-    returns_logprobs: bool
-    #: Needs the full weights after every optimizer step (and after a resume).
-    needs_weight_sync: bool
-    #: Can generate on a thread while the trainer trains (`generation.max_staleness`): a separate engine on its
-    #: own devices, with rank 0's requests free of collectives (`request_all` / `share`, see `async_rollout`).
-    generates_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +71,7 @@ def _vllm_server(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: An
 
 def _vllm_colocate(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: Any) -> GenerationBackend:
     from launchgen.trainers.generation.vllm_colocate import VLLMColocateBackend
-    from launchgen.trainers.weights import iter_sync_params
+    from launchgen.trainers.sync_params import iter_sync_params
 
     # With sleep mode the engine drops its weights; it re-pulls them (all of them, merged under peft) after waking.
     return VLLMColocateBackend.from_config(
@@ -90,16 +79,10 @@ def _vllm_colocate(cfg: TrainerConfig, accelerator: Any, model: Any, tokenizer: 
     )
 
 
-_SEPARATE_ENGINE = Capabilities(shares_policy_weights=False, returns_logprobs=True, needs_weight_sync=True)
-#: The colocated engine shares the trainer's GPUs and process, so it cannot generate while the trainer trains.
+_FACTORIES: dict[str, Factory] = {"hf": _hf, "vllm_server": _vllm_server, "vllm_colocate": _vllm_colocate}
 
 BACKENDS: dict[str, BackendSpec] = {
-    spec.name: spec
-    for spec in (
-        BackendSpec("hf", Capabilities(shares_policy_weights=True, returns_logprobs=True, needs_weight_sync=False), _hf),
-        BackendSpec("vllm_server", replace(_SEPARATE_ENGINE, generates_ahead=True), _vllm_server),
-        BackendSpec("vllm_colocate", _SEPARATE_ENGINE, _vllm_colocate),
-    )
+    name: BackendSpec(name, CAPABILITIES[name], factory) for name, factory in _FACTORIES.items()
 }
 
 

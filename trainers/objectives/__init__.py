@@ -2,7 +2,7 @@
 
 An objective is a class in a module of this package with `config_class` (its trainer's config class, see
 `launchgen.trainers.configs`), constructed as `cls(cfg, num_processes)` (see `base.Objective`; an online-RL one is
-also a `base.RLObjective` with a rollout from `base.make_rollout`). Importing this package imports every module
+also a `base.RLObjective` whose `make_source` returns a `rollout.Rollout`). Importing this package imports every module
 of it, so adding a trainer's objective touches no list here.
 """
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.data import PromptSampler
-    from launchgen.trainers.generation.backends import Capabilities
+    from launchgen.trainers.generation.capabilities import Capabilities
     from launchgen.trainers.generation.protocol import GenerationBackend
     from launchgen.trainers.passes import RowLayout
 
@@ -199,12 +199,6 @@ def validate_rollout(geometry: Geometry) -> None:
 def clip_range(cfg: TrainerConfig) -> tuple[float, float]:
     """(epsilon_low, epsilon_high) of the clipped ratio; epsilon_high defaults to epsilon."""
     return cfg.epsilon, float(cfg.epsilon_high if cfg.epsilon_high is not None else cfg.epsilon)
-
-
-def make_rollout(objective: RLObjective, accelerator: Any) -> BatchSource:
-    from launchgen.trainers.rollout import Rollout
-
-    return Rollout(objective, accelerator)
 
 
 def uses_separate_engine(caps: Capabilities) -> bool:

@@ -113,7 +113,9 @@ class GRPOObjective:
 
     def make_source(self, accelerator: Any) -> base.BatchSource:
         self._accelerator = accelerator
-        return base.make_rollout(self, accelerator)
+        from launchgen.trainers.rollout import Rollout  # torch-heavy, and it imports objectives.base back
+
+        return Rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> torch.Tensor:
         if self.cfg.multi_objective_aggregation == "normalize_then_sum":

@@ -33,7 +33,9 @@ class OnlineDPOObjective(base.NoStepState):
         base.validate_rollout(self.geometry)
 
     def make_source(self, accelerator: Any) -> base.BatchSource:
-        return base.make_rollout(self, accelerator)
+        from launchgen.trainers.rollout import Rollout  # torch-heavy, and it imports objectives.base back
+
+        return Rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> None:
         """Reorders this process's rows chosen-first (local_gen is even, so they hold whole pairs)."""

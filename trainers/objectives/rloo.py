@@ -36,7 +36,9 @@ class RLOOObjective(base.NoStepState):
             raise TrainerSetupError("num_generations must be >= 2 for rloo (leave-one-out baseline)")
 
     def make_source(self, accelerator: Any) -> base.BatchSource:
-        return base.make_rollout(self, accelerator)
+        from launchgen.trainers.rollout import Rollout  # torch-heavy, and it imports objectives.base back
+
+        return Rollout(self, accelerator)
 
     def prepare(self, batch: base.ScoredRollout) -> torch.Tensor:
         old, ref, mask, acc = batch.old, batch.ref, batch.mask, batch.accelerator

@@ -61,6 +61,13 @@ def _columns_issues(ctx: Ctx, data: DataSection, columns: list[str], what: str) 
     have = sorted(columns)
     listed = ", ".join(have) or "none"
     facts = ctx.trainer_facts
+    if facts.data == "pairs":  # offline preference rows (trl.dpo)
+        missing = [c for c in ("prompt", "chosen", "rejected") if c not in columns]
+        if missing:
+            yield ctx.issue("LG332", "train.args.data", f"{what}: preference rows need prompt, chosen and rejected "
+                            f"columns; missing {', '.join(missing)} (columns: {listed})",
+                            "rename them with train.args.data.column_mapping")
+        return
     if facts.data == "examples":
         from launchgen.trainers.datafiles import detect_sft_format
 

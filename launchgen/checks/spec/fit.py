@@ -90,8 +90,13 @@ def _trainer(ctx: Ctx, e: Estimate, t: RoleEstimate) -> Iterator[Issue]:
         alts = trainer_alternatives(e.shape, e.trainer_setup, e.gpu_gib)
         fix = ("Fits after any of: " + "; ".join(alts) + "." if alts else
                "No single change fits: more trainer nodes with deepspeed_zero3 and offload, LoRA, or larger GPUs.")
+        d = ctx.spec.train.distributed
+        own = d.deepspeed_config or d.accelerate_config
+        # a config file of the user's may offload what the estimate keeps on the GPU: say so, do not refuse
         yield ctx.issue("LG241", "train.backend", f"{head}; weights, gradients and optimizer state alone "
-                        f"({_gib(t.solid_gib)}) exceed the {_where(e)}", fix)
+                        f"({_gib(t.solid_gib)}) exceed the {_where(e)}"
+                        + (f" (estimated without the offload {own} may set)" if own else ""), fix,
+                        severity="warning" if own else None)
     elif t.verdict == "tight":
         yield ctx.issue("LG242", "train.backend", f"{head}, within 10 % of (or over) the {_where(e)}; the activation "
                         "part is a rough bound")

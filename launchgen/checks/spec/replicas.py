@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.issues import Issue
-from launchgen.replicas import MAX_REPLICAS, place, replica_size
+from launchgen.replicas import MAX_REPLICAS, place
 
 _doc("LG220", "error", "The server replicas do not cut into whole nodes or equal slices of a node's server GPUs "
      "(a replica's TP x DP GPUs neither a multiple nor a divisor of the server GPUs per node).",
@@ -45,7 +45,7 @@ def replicas_tile_nodes(ctx: Ctx) -> Iterator[Issue]:
         return  # a TP group across nodes: LG202's message
     if place(lay, v.replicas) is None:
         yield ctx.issue("LG220", "vllm.replicas",
-                        f"{v.replicas} replicas of {replica_size(lay)} GPU(s) (tensor_parallel_size "
+                        f"{v.replicas} replicas of {lay.replica_size} GPU(s) (tensor_parallel_size "
                         f"{v.tensor_parallel_size} x data_parallel_size {v.data_parallel_size}) do not cut the "
                         f"{len(lay.server_positions)} server node(s) x {lay.server_gpus_per_node} GPU(s) into whole "
                         "nodes or equal slices of one node")

@@ -46,7 +46,7 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
         reps = f" x replicas {v.replicas}" if v.replicas > 1 else ""
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {v.tensor_parallel_size} x data_parallel_size "
-                        f"{v.data_parallel_size}{reps} = {v.tensor_parallel_size * v.data_parallel_size * v.replicas}, "
+                        f"{v.data_parallel_size}{reps} = {lay.replica_size * v.replicas}, "
                         f"but the server has {n} GPU(s) ({ctx.server_nodes} node(s) x "
                         f"{lay.server_gpus_per_node})")
 
