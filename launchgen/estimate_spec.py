@@ -143,7 +143,8 @@ def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Lay
             prompt, how = cfg.data.max_prompt_length, "data.max_prompt_length"
         else:
             prompt, how = DEFAULT_PROMPT_TOKENS, f"assumed {DEFAULT_PROMPT_TOKENS} (set data.max_prompt_length)"
-    kept_kv = (cfg.facts.online and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache
+    # Only `keep_kv_cache: true` holds the cache through training; the default `lend` hands it back first.
+    kept_kv = (cfg.facts.online and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache is True
                and cfg.generation.hf_engine != "generate")
     setup = TrainerSetup(
         backend=spec.train.backend, processes=layout.world_size, precision=precision,
