@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The device calls of issue 27 (performance): the new table, in two calls of about five minutes each.
 #   PART=1 bash benchmarks/perf_session.sh   # full GRPO steps, launchgen vs TRL 1.16: c1, c1big, c3, 3B
-#   PART=2 bash benchmarks/perf_session.sh   # c2 (Liger, last: it patches Qwen2 globally), LoRA full steps at
-#                                            # 1.5B and 3B, and c2 under memory_budget_gib 7
+#   PART=2 bash benchmarks/perf_session.sh   # c2 (Liger), LoRA full steps at 1.5B and 3B, c2 under
+#                                            # memory_budget_gib 7
+#   PART=rerun STEPS=2 WARMUP=1 bash benchmarks/perf_session.sh  # what was run after the first call's failures (RESULTS.md)
 # Carried: .whl (trl 1.16.0, transformers 5.22.2, accelerate 1.16.0, peft 0.21.2, liger-kernel 0.8.5,
 # datasets 5.2.0, dill, multiprocess, pydantic + pydantic-core, annotated-types, typing-inspection).
-# Logs and tables under $OUT. 1 warm-up + 3 timed steps per run (medians), both trainers in one process.
+# Logs and tables under $OUT; both trainers in one process. WARMUP defaults to 2: with 1, the first timed step
+# of a compiled-layer run can hold a recompile (a new completion width), as in the 2026-12-04 calls (WARMUP=1).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 PART=${PART:-1}
@@ -18,16 +20,23 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1; local rc=$?
   grep -v 'it/s\]' "$OUT/$name.log" | grep -v '^{' | tail -n 14; echo "== $name rc=$rc in $((SECONDS - t0)) s"; }
-G=(python3 "$REPO/benchmarks/grpo_vs_trl.py" --modes full --steps 3 --warmup 1 --workdir /tmp/bench)
+G=(python3 "$REPO/benchmarks/grpo_vs_trl.py" --modes full --steps "${STEPS:-3}" --warmup "${WARMUP:-2}" --workdir /tmp/bench)
 if [[ $PART == 1 ]]; then
   step c1 110 "${G[@]}" --configs 1
   step c1big 120 "${G[@]}" --configs 4
   step c3 120 "${G[@]}" --configs 3
   step c5 170 "${G[@]}" --configs 5
-else
+elif [[ $PART == 2 ]]; then
   step c2 200 "${G[@]}" --configs 2
-  step lora 130 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 1.5b,3b --modes full --steps 3 --warmup 1 \
+  step lora 130 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 1.5b,3b --modes full --steps "${STEPS:-3}" --warmup "${WARMUP:-2}" \
     --trainers launchgen-lora --lora-dropout 0 --workdir /tmp/bench
   step c2budget 80 "${G[@]}" --configs 2 --trainers '' --lg-variant "budget7:memory_budget_gib=7"
+else  # PART=rerun: the second call of 2026-12-04 (after the graph-pool fix), everything but c1big in one call
+  step c5 130 "${G[@]}" --configs 5
+  step c2 160 "${G[@]}" --configs 2
+  step c3 90 "${G[@]}" --configs 3
+  step lora 100 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 1.5b,3b --modes full --steps "${STEPS:-3}" \
+    --warmup "${WARMUP:-2}" --trainers launchgen-lora --lora-dropout 0 --workdir /tmp/bench
+  step c1 80 "${G[@]}" --configs 1
 fi
 exit 0

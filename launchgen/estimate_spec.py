@@ -122,7 +122,8 @@ def needs_reference_copy(cfg: TrainerConfig) -> bool:
     LoRA, whose reference is the policy with its adapters off."""
     if cfg.peft is not None:
         return False
-    return cfg.trainer == "online_dpo" or (cfg.trainer in ("grpo", "rloo") and bool(cfg.beta))
+    ref = cfg.facts.reference
+    return ref == "always" or (ref == "with_beta" and bool(cfg.beta))
 
 
 def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Layout,
@@ -132,8 +133,8 @@ def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Lay
     precision = resolve_precision(spec)
     peft = cfg.peft
     dist = spec.train.distributed
-    if cfg.trainer == "sft":
-        prompt, completion, how = 0, cfg.max_length or 1024, "sft: max_length"
+    if cfg.facts.data == "examples":
+        prompt, completion, how = 0, cfg.max_length or 1024, f"{cfg.trainer}: max_length"
     else:
         completion = cfg.generation.max_completion_length
         if spec.estimate.prompt_tokens is not None:
@@ -142,7 +143,8 @@ def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Lay
             prompt, how = cfg.data.max_prompt_length, "data.max_prompt_length"
         else:
             prompt, how = DEFAULT_PROMPT_TOKENS, f"assumed {DEFAULT_PROMPT_TOKENS} (set data.max_prompt_length)"
-    kept_kv = (cfg.trainer != "sft" and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache
+    # Only `keep_kv_cache: true` holds the cache through training; the default `lend` hands it back first.
+    kept_kv = (cfg.facts.online and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache is True
                and cfg.generation.hf_engine != "generate")
     setup = TrainerSetup(
         backend=spec.train.backend, processes=layout.world_size, precision=precision,

@@ -476,5 +476,6 @@ def template_context() -> dict[str, Any]:
         "exit_config": EXIT_CONFIG,
         "event_time_format": EVENT_TIME_FORMAT,
         "run_record_writer": RUN_RECORD_WRITER,
+        "pid_dir_var": ENV_PID_DIR,
         "logs_announcement": LOGS_ANNOUNCEMENT,
     }

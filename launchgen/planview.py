@@ -151,12 +151,22 @@ def summary_lines(plan: Plan) -> list[str]:
                      f"node(s) {','.join(str(p) for p in s.positions)}"
                      + (f", {len(s.replicas)} replicas" if s.multi_replica else "") + ", binds "
                      f"{'the node address' if s.bind == 'node' else s.bind}, /health timeout {s.health_timeout} s")
+    lines += _container_lines(plan)
+    if plan.slurm.het_directives:
+        own = ", ".join(d.removeprefix("--") for d in plan.slurm.het_directives
+                        if d.startswith(("--partition", "--account", "--qos", "--gres", "--gpus-per-node")))
+        lines.append(f"heterogeneous job: trainer nodes in component 0, server nodes in component 1 ({own})")
     lines.append(f"job dir: {plan.layout.output_dir} (logs: {plan.layout.server_log.split('/server')[0]}/"
                  "<role>-<node>.log)")
     if plan.slurm.signal_grace:
         lines.append(f"preemption: USR2 {plan.slurm.signal_grace} s before the time limit, requeue up to "
                      f"{plan.slurm.max_restarts} time(s)")
     return lines
+
+
+def _container_lines(plan: Plan) -> list[str]:
+    roles = [("server", plan.server.container if plan.server else None), ("trainer", plan.trainer.container)]
+    return [f"{role} container: {c.image} ({c.runtime}, from {c.source})" for role, c in roles if c is not None]
 
 
 def _run_length(parts: list[list[str]], g: int, k: int) -> int:

@@ -59,6 +59,23 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
                 yield from _field_paths(sub, f"{prefix}{name}.")
 
 
+def trainer_default(model: type[BaseModel], path: str) -> Any:
+    """The default of a train.args field for the trainer whose config class is `model` (its own `defaults` first);
+    None where that trainer has no such field."""
+    own = getattr(model, "defaults", {})
+    if path in own:
+        return own[path]
+    *parents, leaf = path.split(".")
+    node: type[BaseModel] | None = model
+    for part in parents:
+        ann = node.model_fields[part].annotation if node is not None and part in node.model_fields else None
+        node = next((a for a in (ann, *get_args(ann)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if node is None or leaf not in node.model_fields:
+        return None  # not this trainer's field (another trainer's, e.g. a TRL trainer's own table)
+    field = node.model_fields[leaf]
+    return field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+
+
 @cache
 def arg_paths() -> frozenset[str]:
     """Every dotted `train.args` path some declared trainer's config has (sections included)."""

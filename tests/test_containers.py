@@ -312,3 +312,15 @@ def test_live_probe_through_check_live_on_this_machine(tmp_path: Path, monkeypat
     assert sorted((i.code, i.path) for i in issues) == [("LG256", "vllm.container.runtime"),
                                                         ("LG257", "container.runtime")]
 
+
+
+def test_plan_view_names_each_roles_container_and_the_het_components() -> None:
+    from launchgen.planview import summary_lines
+
+    lines = summary_lines(plan_for("container-pyxis"))
+    assert "server container: nvcr.io#nvidia/vllm:25.09-py3 (pyxis, from vllm.container)" in lines
+    assert any(x.startswith("trainer container: registry.example.org#ml/launchgen-trainer:0.6 (pyxis, from container")
+               for x in lines)
+    het = summary_lines(plan_for("hetjob-inference-partition"))
+    assert any(x.startswith("heterogeneous job:") and "partition=inference" in x for x in het), het
+    assert not any("container" in x or "heterogeneous" in x for x in summary_lines(plan_for("single-node-split")))

@@ -423,3 +423,20 @@ def test_a_users_deepspeed_file_turns_the_refusal_into_a_warning(tmp_path: Path)
     line = next(x for x in r.output.splitlines() if "LG241" in x)
     assert "warning LG241" in line and "estimated without the offload" in line
     assert r.exit_code == 0, r.output
+
+
+def test_the_generation_kv_cache_counts_only_when_kept_through_training(tmp_path: Path) -> None:
+    """keep_kv_cache's default, lend, hands the static-cache engine's KV cache back before training; true holds it."""
+    spec = yaml.safe_load((REPO / "examples" / "sft-no-vllm.yaml").read_text())  # GPUs and no server: hf backend
+    spec["train"]["trainer"] = "grpo"
+    spec["train"]["args"].pop("max_length", None)
+    rows = []
+    for keep in (None, True):
+        if keep is not None:
+            spec["train"]["args"].setdefault("generation", {})["keep_kv_cache"] = keep
+        path = tmp_path / f"{keep}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        setup = _estimate_of(path).trainer_setup
+        assert setup is not None
+        rows.append(setup.generation_kv_rows)
+    assert rows[0] == 0 and rows[1] > 0, rows

@@ -227,3 +227,13 @@ def test_the_contract_is_standard_library_only() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('launchgen') or m in ('pydantic', 'yaml', 'jinja2')))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "['launchgen', 'launchgen.jobdir']"
+
+
+def test_templates_take_the_pid_directory_from_the_contract() -> None:
+    """The pid directory's variable and path have one owner (`ENV_PID_DIR`, `Layout.pid_dir`): the templates read
+    them from the render context and never spell them."""
+    templates = Path(__file__).resolve().parents[1] / "templates"
+    for path in templates.rglob("*.j2"):
+        text = path.read_text()
+        assert J.ENV_PID_DIR not in text, path
+        assert "/pids" not in text, path

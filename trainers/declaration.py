@@ -42,6 +42,9 @@ class TrainerFacts:
     supports_liger_kernel: bool = False
     #: Computes its loss with Liger's fused linear loss (`model.liger_grpo_loss`) where asked.
     supports_liger_loss: bool = False
+    #: A frozen reference model beside the policy: `always` (DPO's), `with_beta` (the KL term, when beta != 0) or
+    #: `never` (the memory estimate counts it).
+    reference: Literal["never", "with_beta", "always"] = "never"
     #: Where it is listed among the trainers (messages, the spec's `train.trainer` type, docs): lower first.
     listed: int = 100
     #: TRL's config class whose fields `train.args` takes (a TRL trainer run by `launchgen.trainers.trl`); None:

@@ -137,8 +137,9 @@ def apply(cfg: TrainerConfig, model: Any, ref: Any, accelerator: Any) -> BudgetC
     inner = accelerator.unwrap_model(model)
     text = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
     # Passes are refused under DeepSpeed (core) and with GRPO's whole-micro-batch entropy options (objectives.grpo).
-    passes = (accelerator.distributed_type != DistributedType.DEEPSPEED and cfg.top_entropy_quantile >= 1.0
-              and cfg.entropy_coef == 0.0)
+    # (the entropy options exist on GRPO's config only)
+    passes = (accelerator.distributed_type != DistributedType.DEEPSPEED
+              and getattr(cfg, "top_entropy_quantile", 1.0) >= 1.0 and getattr(cfg, "entropy_coef", 0.0) == 0.0)
     choice = choose(cfg, static_bytes(model, ref if isinstance(ref, torch.nn.Module) and
                                       any(True for _ in ref.parameters()) else None),
                     bytes_per_token(cfg, text), passes)

@@ -14,7 +14,7 @@ from launchgen.issues import Issue, Severity
 from launchgen.layout import Layout, resolve_layout
 from launchgen.loader import LoadedSpec
 from launchgen.spec import Spec
-from launchgen.trainer_config import arg_paths, resolve_trainer_config
+from launchgen.trainer_config import arg_paths, resolve_trainer_config, trainer_default
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.configs import CONFIGS
 from launchgen.trainers.declaration import DeclaredConfig, TrainerFacts
@@ -134,6 +134,20 @@ class Ctx:
                 return default
             node = node[part]
         return node
+
+    def value(self, path: str) -> Any:
+        """The trainer's value at `path` (a train.args field path): typed, from the resolved config with the
+        trainer's own defaults; where train.args does not validate (LG901), what the user wrote, else the trainer's
+        default, so a check still speaks beside LG901 without restating a default."""
+        cfg = self.trainer_cfg
+        if cfg is not None:
+            node: Any = cfg
+            for part in path.split("."):
+                node = getattr(node, part, None)
+            return node
+        if self.has_arg(path):
+            return self.arg(path)
+        return trainer_default(self.trainer_class, path)
 
     def has_arg(self, path: str) -> bool:
         sentinel = object()

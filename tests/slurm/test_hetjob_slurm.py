@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurmkit import Cluster, Job, assert_no_survivors, exit_code, run_job, state
-from test_scenarios import _event, _ts, jobs, spec_for, work  # noqa: F401  (fixtures)
+from slurmkit import Cluster, Job, assert_no_survivors, exit_code, job, run_job, sh, state, wait_for
+from test_scenarios import _event, _release_requeued, _ts, jobs, spec_for, work  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slurm
 
@@ -86,4 +86,27 @@ def test_trainer_crash_tears_down_the_server_component(cluster: Cluster, work: P
     # the server's step (component 1) got TERM through SLURM_JOB_ID_HET_GROUP_1.<step> and stopped at once
     assert _ts(rec["EndTime"]) - crashed <= 10, j.describe()
     assert state(rec) == "FAILED" and exit_code(rec)[0] == 3, j.describe()
+    assert_no_survivors(cluster, j)
+
+
+def test_usr2_requeues_the_whole_heterogeneous_job_and_it_resumes(
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+) -> None:
+    """USR2 to the batch shell (what SLURM sends before the time limit): the trainer checkpoints, `scontrol requeue`
+    of the leader requeues both components, and the next attempt (nodes listed again from both) resumes."""
+    max_steps = 8
+    spec = _het(cluster, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-het-requeue", port=19100,
+                                  max_steps=max_steps, layout="multi", signal_grace=60, max_restarts=1,
+                                  trainer_env={"SLURMTEST_REWARD_SLEEP": "1.5"}))
+    j = run_job(cluster, spec, work)
+    jobs.append(j)
+    wait_for(f"job {j.id} to train a step", lambda: j.metrics() or state(job(j.id)) in ("FAILED", "COMPLETED"), 180)
+    sh(["scancel", "--signal=USR2", "--batch", j.id])
+    rec = _release_requeued(cluster, j, "10")
+    assert int(rec.get("Restarts", "0")) == 1, "USR2 did not lead to a requeue\n" + j.describe()
+    rec = j.wait(240)
+    assert state(rec) == "COMPLETED" and exit_code(rec) == (0, 0), j.describe()
+    steps = [m["step"] for m in j.metrics()]
+    assert steps == list(range(1, max_steps + 1)), f"steps repeated or lost across the requeue: {steps}"
+    assert [n for n in j.logs() if n.startswith("attempt-1/server-")], j.logs()
     assert_no_survivors(cluster, j)

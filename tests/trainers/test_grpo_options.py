@@ -312,7 +312,7 @@ def test_resolved_config_round_trips_for_every_trainer() -> None:
     from launchgen.trainers.algorithm_options import AlgorithmOptions
     from launchgen.trainers.configs import CONFIGS
 
-    for trainer in CONFIGS:
+    for trainer in [n for n, c in CONFIGS.items() if issubclass(c, TrainerConfig)]:  # the bundled loop's
         cfg = _cfg(trainer=trainer)
         text = cfg.to_yaml()
         keys = list(yaml.safe_load(text))

@@ -87,3 +87,16 @@ def test_the_trainer_applies_and_reports_the_choice(tmp_path: Path, tiny_model_d
     else:
         assert chosen[0] is not None and chosen[1] is not None and chosen[1] < chosen[0], chosen
         assert chosen[1] == memory_budget.TOKEN_STEP  # under the micro-batch of 16 rows: two passes or more
+
+
+def test_a_trainer_without_grpos_entropy_options_gets_passes_too(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """RLOO's config has no entropy fields (they are GRPO's): the budget still chooses passes for it."""
+    cfg = toy_cfg(tmp_path, tiny_model_dir, "rloo", "rloo", memory_budget_gib=0.5, num_generations=4, max_steps=1)
+    t = Trainer(TrainerConfig.model_validate(cfg))
+    t.setup()
+    try:
+        assert t.memory_choice is not None and t.cfg.max_tokens_per_forward == t.memory_choice.max_tokens_per_forward
+        assert t.cfg.max_tokens_per_forward is not None
+        assert t.train() == 0
+    finally:
+        t.close()

@@ -146,3 +146,26 @@ def test_the_docs_table_is_the_declarations() -> None:
 
     page = (HERE.parents[1] / "docs" / "trainers.md").read_text()
     assert trainers_markdown() in page, "regenerate the table in docs/trainers.md from trainers_markdown()"
+
+
+def test_no_trainer_name_is_compared_outside_its_declaration() -> None:
+    """Code asks a trainer's facts (`cfg.facts`, `ctx.trainer_facts`), never its name: adding a trainer touches its
+    own files only. A comparison with a declared name anywhere else in launchgen/ or trainers/ fails here."""
+    import re
+
+    from launchgen.trainers.configs import TRAINER_NAMES
+
+    root = HERE.parents[1]
+    names = "|".join(re.escape(n) for n in TRAINER_NAMES)
+    compare = re.compile(rf"""trainer\w*\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{{]?\s*["']({names})["']""")
+    own = {"trainers/configs", "trainers/objectives"} | {f"trainers/{n}.py" for n in TRAINER_NAMES}
+    assert compare.search('if cfg.trainer == "sft":') and compare.search("t.trainer in ('grpo', 'rloo')")
+    found = []
+    for path in [*(root / "launchgen").rglob("*.py"), *(root / "trainers").rglob("*.py")]:
+        rel = path.relative_to(root).as_posix()
+        if any(rel == o or rel.startswith(o + "/") for o in own):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if compare.search(line):
+                found.append(f"{rel}:{i}: {line.strip()}")
+    assert found == []

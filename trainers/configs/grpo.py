@@ -13,7 +13,7 @@ from pydantic import Field
 class GRPOConfig(TrainerConfig, AlgorithmOptions):
     facts: ClassVar[TrainerFacts] = TrainerFacts(
         entry_module="launchgen.trainers.grpo", online=True, data="prompts", corrects_stale_samples=True,
-        takes_eval_data=True, supports_liger_kernel=True, supports_liger_loss=True, listed=10,
+        takes_eval_data=True, supports_liger_kernel=True, supports_liger_loss=True, reference="with_beta", listed=10,
     )
     defaults: ClassVar[dict[str, object]] = {"num_generations": 8, "beta": 0.0}
 

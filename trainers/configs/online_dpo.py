@@ -11,7 +11,8 @@ from pydantic import Field
 
 class OnlineDPOConfig(TrainerConfig):
     facts: ClassVar[TrainerFacts] = TrainerFacts(
-        entry_module="launchgen.trainers.online_dpo", online=True, data="prompts", takes_eval_data=True, listed=30,
+        entry_module="launchgen.trainers.online_dpo", online=True, data="prompts", takes_eval_data=True,
+        reference="always", listed=30,
     )
     defaults: ClassVar[dict[str, object]] = {
         "num_generations": 2, "beta": 0.1, "learning_rate": 5e-7, "generation.temperature": 0.9,

@@ -12,7 +12,7 @@ from pydantic import Field
 class RLOOConfig(TrainerConfig):
     facts: ClassVar[TrainerFacts] = TrainerFacts(
         entry_module="launchgen.trainers.rloo", online=True, data="prompts", takes_eval_data=True,
-        supports_liger_kernel=True, listed=20,
+        supports_liger_kernel=True, reference="with_beta", listed=20,
     )
     defaults: ClassVar[dict[str, object]] = {"num_generations": 2, "beta": 0.05}
 

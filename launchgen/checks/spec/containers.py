@@ -34,6 +34,15 @@ _doc("LG259", "warning", "vllm.container is set but no server step runs (vllm.mo
      "Remove vllm.container, or give the trainer's image vLLM.")
 
 
+_doc("LG262", "error", "container.extra_args give apptainer/singularity a PID namespace (`--pid`, `-p`, "
+     "`--containall`, `-C`): the trainer's pid files would name processes the host-side signal step cannot reach, "
+     "so USR2 (checkpoint before the time limit) and a graceful stop would miss them.",
+     "Remove the option; launchgen relies on the host's PID namespace (`--contain` alone is fine).")
+
+#: apptainer/singularity options that start a PID namespace (`--containall` implies `--pid`)
+PID_NAMESPACE_OPTIONS = ("--pid", "-p", "--containall", "-C")
+
+
 def roles(spec: Spec) -> list[RoleName]:
     """The roles that run a step: the trainer, and the server in server mode."""
     server: list[RoleName] = ["server"] if spec.vllm is not None and spec.vllm.mode == "server" else []
@@ -108,3 +117,14 @@ def server_container_unused(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is not None and v.container is not None and v.mode != "server":
         yield ctx.issue("LG259", "vllm.container", f"vllm.mode is {v.mode}: there is no server step to contain")
+
+
+@check("LG262")
+def no_pid_namespace(ctx: Ctx) -> Iterator[Issue]:
+    for c, source in _uniq(containers_of(ctx.spec)):
+        if c.runtime not in ("apptainer", "singularity"):
+            continue
+        for k, arg in enumerate(c.extra_args):
+            if arg in PID_NAMESPACE_OPTIONS or (arg.startswith("-") and not arg.startswith("--")
+                                                and ("p" in arg[1:] or "C" in arg[1:]) and len(arg) > 2):
+                yield ctx.issue("LG262", f"{source}.extra_args.{k}", f"{arg!r} starts a PID namespace")

@@ -38,12 +38,6 @@ _doc("LG616", "warning", "importance_sampling_level and loss_type do not match t
      "For GSPO use loss_type grpo with importance_sampling_level sequence; luspo wants sequence, vespo token.")
 
 
-def _opt(ctx: Ctx, name: str) -> Any:
-    """The option as written, else AlgorithmOptions' default."""
-    field = AlgorithmOptions.model_fields[name]
-    return ctx.arg(name, field.default)
-
-
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -70,7 +64,7 @@ def liger_loss_options(ctx: Ctx) -> Iterator[Issue]:
 def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
     if not _is_grpo(ctx) or ctx.arg("max_tokens_per_forward") is None:
         return
-    q, coef = _num(_opt(ctx, "top_entropy_quantile")), _num(_opt(ctx, "entropy_coef"))
+    q, coef = _num(ctx.value("top_entropy_quantile")), _num(ctx.value("entropy_coef"))
     if q is not None and q < 1.0:
         yield ctx.issue("LG614", f"{_A}.top_entropy_quantile",
                         f"top_entropy_quantile {q} takes its quantile over the whole micro-batch, which "
@@ -79,7 +73,7 @@ def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
         yield ctx.issue("LG614", f"{_A}.entropy_coef",
                         f"entropy_coef {coef}: the entropy bonus is a mean over the whole micro-batch, which "
                         "max_tokens_per_forward splits into passes")
-    if _opt(ctx, "use_adaptive_entropy") is True:
+    if ctx.value("use_adaptive_entropy") is True:
         yield ctx.issue("LG614", f"{_A}.use_adaptive_entropy",
                         "use_adaptive_entropy: the entropy bonus is a mean over the whole micro-batch, which "
                         "max_tokens_per_forward splits into passes")
@@ -89,9 +83,9 @@ def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
 def vespo_sequence_is(ctx: Ctx) -> Iterator[Issue]:
     if not _is_grpo(ctx) or ctx.arg("loss_type") != "vespo" or ctx.spec.vllm is None:
         return
-    if ctx.arg("generation.importance_sampling.enabled", True) is False:
+    if ctx.value("generation.importance_sampling.enabled") is False:
         return
-    mode = ctx.arg("generation.importance_sampling.mode", "sequence_mask")
+    mode = ctx.value("generation.importance_sampling.mode")
     if isinstance(mode, str) and mode.startswith("sequence"):
         written = ctx.has_arg("generation.importance_sampling.mode")
         path = f"{_A}.generation.importance_sampling.mode" if written else f"{_A}.loss_type"
@@ -103,7 +97,7 @@ def vespo_sequence_is(ctx: Ctx) -> Iterator[Issue]:
 def level_matches_loss(ctx: Ctx) -> Iterator[Issue]:
     if not _is_grpo(ctx):
         return
-    lt, level = ctx.arg("loss_type", "dapo"), _opt(ctx, "importance_sampling_level")
+    lt, level = ctx.value("loss_type"), ctx.value("importance_sampling_level")
     path = f"{_A}.importance_sampling_level" if ctx.has_arg("importance_sampling_level") else f"{_A}.loss_type"
     if lt == "luspo" and level != "sequence":
         yield ctx.issue("LG616", path, "loss_type luspo at importance_sampling_level token: the paper (and TRL) "

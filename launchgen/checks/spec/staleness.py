@@ -37,7 +37,7 @@ _PATHS = {"backend": "train.args.generation.max_staleness",
 
 def _staleness(ctx: Ctx) -> int:
     """The configured k, or 0 where it is unset or not an int (LG901 reports a malformed value)."""
-    k = ctx.arg("generation.max_staleness", 0)
+    k = ctx.value("generation.max_staleness")
     return k if isinstance(k, int) and not isinstance(k, bool) else 0
 
 
@@ -47,7 +47,7 @@ def staleness_needs_a_server_and_a_correction(ctx: Ctx) -> Iterator[Issue]:
     if k < 1:
         return
     backend = ctx.arg("generation.backend") or _expected_backend(ctx)
-    enabled = ctx.arg("generation.importance_sampling.enabled", True)
+    enabled = ctx.value("generation.importance_sampling.enabled")
     for reason, _field, message in staleness_refusals(ctx.spec.train.trainer, str(backend), enabled is not False):
         where = "" if reason != "backend" else (
             " (there is no vllm section)" if ctx.spec.vllm is None else f" (vllm.mode is {ctx.spec.vllm.mode})")

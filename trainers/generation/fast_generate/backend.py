@@ -380,6 +380,14 @@ class FastGenerateBackend:
                 self._merged = {id(m): t for m, t in zip(self._adapted, tensors[n_kv:], strict=True)}
         return st
 
+    def _drop_graphs(self, st: _State) -> None:
+        """Forget the captured graphs; the next captures go to a fresh memory pool. Capturing into the pool of
+        graphs just destroyed trips the caching allocator (its pool is released once the last graph goes:
+        "use_count > 0 INTERNAL ASSERT FAILED", and the failed capture leaves the CUDA generator unusable)."""
+        st.graphs.clear()
+        if self.use_cuda_graphs:
+            self._pool = torch.cuda.graph_pool_handle()
+
     def _logits(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         out = self.decoder(
             input_ids=input_ids,
@@ -486,7 +494,7 @@ class FastGenerateBackend:
             weights_key = (self._arena.ptr if self._arena is not None else 0, *self._weights_key(),
                            *(t.data_ptr() for t in self._merged.values()))
             if weights_key != st.weights_key:
-                st.graphs.clear()
+                self._drop_graphs(st)
                 st.weights_key = weights_key
 
         ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
@@ -503,7 +511,7 @@ class FastGenerateBackend:
         stop_t = torch.tensor(stop or [-1], dtype=torch.long)
         if st.stop_ids.numel() != stop_t.numel():
             st.stop_ids = torch.empty_like(stop_t, device=dev)
-            st.graphs.clear()  # they read the old buffer's address
+            self._drop_graphs(st)  # they read the old buffer's address
         st.stop_ids.copy_(stop_t)
         if st.seen is not None:
             st.seen.zero_()
