@@ -223,6 +223,7 @@ class Ev:
     REQUEUE = "requeue"
     REQUEUE_CAP = "requeue_cap"
     EXIT = "exit"
+    PREFLIGHT = "preflight"
     HEALTH_TIMEOUT = "health_timeout"  # the words of server_failed: never healthy,
     HEALTH_LOST = "health_lost"  # or healthy once, then silent for the supervisor's bound
 
@@ -257,6 +258,9 @@ _KINDS = (
     EventKind(Ev.REQUEUE, ("restart",), doc="the job requeues itself (restart <n>)"),
     EventKind(Ev.REQUEUE_CAP, doc="not complete, but slurm.max_restarts is reached: no requeue"),
     EventKind(Ev.EXIT, ("status",), doc="the script exits with this status"),
+    EventKind(Ev.PREFLIGHT, ("status", "codes", "seconds"),
+              doc="the in-allocation preflight (job.preflight) passed (`status=ok`) or failed (`status=failed`, "
+              "`codes=PF1xx,...`; launchgen.allocprobe.CODES), in `seconds`"),
 )
 EVENTS: dict[str, EventKind] = {k.name: k for k in _KINDS}
 
@@ -474,6 +478,7 @@ def template_context() -> dict[str, Any]:
     return {
         "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT, "health_lost": Ev.HEALTH_LOST},
         "exit_config": EXIT_CONFIG,
+        "plan_file": PLAN_FILE,
         "event_time_format": EVENT_TIME_FORMAT,
         "run_record_writer": RUN_RECORD_WRITER,
         "pid_dir_var": ENV_PID_DIR,

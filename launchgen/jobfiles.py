@@ -39,6 +39,7 @@ class Seen:
     REQUEUE = "requeue"
     REQUEUE_REFUSED = "requeue_refused"
     JOB_END = "job_end"
+    PREFLIGHT = "preflight"  # the in-allocation preflight's verdict (status, codes, seconds)
     REPLICA_RESTART = "replica_restart"  # a replica died and the script starts it again (vllm.restart_replicas)
 
 
@@ -97,6 +98,7 @@ _MEANING = {
     J.Ev.REQUEUE: lambda e: (Seen.REQUEUE, "job", {"restart_count": e.fields.get("restart")}),
     J.Ev.REQUEUE_CAP: lambda e: (Seen.REQUEUE_REFUSED, "job", {"message": "slurm.max_restarts reached"}),
     J.Ev.EXIT: lambda e: (Seen.JOB_END, "job", {"exit_code": e.fields.get("status")}),
+    J.Ev.PREFLIGHT: lambda e: (Seen.PREFLIGHT, "job", {"message": e.fields.get("status")}),
 }
 
 

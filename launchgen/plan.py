@@ -326,7 +326,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
         nodes=tuple(_node_plan(lay, pos) for pos in range(lay.num_nodes)), ports=resolve_ports(spec, lay),
-        port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus),
+        port_offset=spec.job.port_offset == "job_id", endpoints=_endpoints(lay, gpus), preflight=spec.job.preflight,
         server=_server_plan(spec, lay, gpus) if lay.mode == "server" else None,
         trainer=_trainer_plan(spec, lay, gpus, precision, config),
         layout=JobLayout(output_dir=spec.job.output_dir, batch_log=batch_log), slurm=slurm, vllm_mode=lay.mode,

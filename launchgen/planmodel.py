@@ -317,6 +317,8 @@ class Plan:
     exit_server_failed: int = EXIT_SERVER_FAILED
     exit_preempted: int = EXIT_PREEMPTED
     warnings: tuple[Issue, ...] = field(default_factory=tuple)
+    #: job.preflight: the in-allocation probes (launchgen.allocprobe) run before the steps start
+    preflight: bool = True
 
     @property
     def containers(self) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launchgen import jobdir as J
+from launchgen.allocprobe import CODES as PREFLIGHT_CODES
 from launchgen.jobfiles import Event, JobDirContents, RoleLog, Seen, find_batch_log, read_job_dir, tail
 from launchgen.slurmquery import SchedulerInfo, StepInfo
 
@@ -292,6 +293,13 @@ def _event_notes(f: _Facts) -> list[str]:
         rq = requeues[-1]
         notes.append(f"{rq.event.replace('_', ' ')}" + (f": {rq.message}" if rq.message else "")
                      + (f" (attempt {rq.attempt})" if rq.attempt is not None else ""))
+    for pf in (e for e in f.events if e.event == Seen.PREFLIGHT):
+        if pf.message == "ok":
+            notes.append(f"preflight passed in {pf.raw.get('seconds', '?')} s")
+        else:
+            codes = str(pf.raw.get("codes", "?"))
+            meaning = "; ".join(f"{c} {PREFLIGHT_CODES.get(c, '?')}" for c in codes.split(","))
+            notes.append(f"preflight failed before any model loaded: {meaning} (logs/attempt-<N>/preflight-<node>.log)")
     for sig in (e for e in f.events if e.event == Seen.SIGNAL):
         notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} ({_SIGNAL_MEANS.get(sig.signal or '', 'stopped everything')})")
     return notes

@@ -20,7 +20,7 @@ from typing import Any
 import jinja2
 import jinja2.bccache
 
-from launchgen import jobdir, ports
+from launchgen import allocprobe, jobdir, ports
 from launchgen.issues import SpecError
 from launchgen.plan import Plan, Ref, Word, bash_issues
 from launchgen.schedulers import SchedulerName, SchedulerProfile, profile
@@ -144,7 +144,8 @@ def environment() -> jinja2.Environment:
 
 def _context(plan: Plan, sched: SchedulerProfile) -> dict[str, Any]:
     # the job-directory contract's names (events, time format, run-record writer) come from launchgen.jobdir
-    return {"plan": plan, "sched": sched, "Ref": Ref, **jobdir.template_context()}
+    return {"plan": plan, "sched": sched, "Ref": Ref, "preflight_timeout": allocprobe.STEP_TIMEOUT_S,
+            **jobdir.template_context()}
 
 
 def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
@@ -153,6 +154,8 @@ def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     ctx = _context(plan, profile(scheduler))
     steps = {"steps/trainer.sh": env.get_template("steps/trainer.sh.j2").render(ctx),
              "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
+    if plan.preflight:
+        steps["steps/preflight.sh"] = env.get_template("steps/preflight.sh.j2").render(ctx)
     if plan.server is not None:
         for r in plan.server.replicas:  # one step script per replica (steps/server.sh, steps/server-r1.sh, ...)
             steps[r.step] = env.get_template("steps/server.sh.j2").render({**ctx, "replica": r})
@@ -168,6 +171,8 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
         plan.layout.plan_static_json: json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n",
     }
     files.update(render_steps(plan, scheduler))
+    if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3
+        files["steps/preflight.py"] = allocprobe.source()
     return files
 
 

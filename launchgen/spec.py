@@ -162,6 +162,13 @@ class JobSection(_Section):
         "sharing a node do not collide; a port below 32768 that this would carry into the ephemeral range "
         "(32768-60999) wraps down by 10000 instead. Checks verify the shifted ports stay valid and distinct.",
     )
+    preflight: bool = Field(
+        default=True,
+        description="Run the in-allocation preflight on every node before any model loads: the ports each side "
+        "binds are free and reachable both ways, the installed `vllm` accepts the server's flags, the planned GPUs "
+        "are visible, the output directory is writable with room for a checkpoint, the model is readable offline "
+        "(docs/job-lifecycle.md). A failure ends the job within seconds with a stable code (PF1xx).",
+    )
 
     @field_validator("name")
     @classmethod

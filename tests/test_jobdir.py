@@ -24,7 +24,7 @@ from launchgen.render import render_script
 #: a sample for every declared field, as the scripts write them
 SAMPLES = {"job": "1234", "attempt": "0", "restart_count": "2", "spec_sha256": "ab" * 32,
            "nodes": "node1 node2", "after": "17s", "exit": "137", "status": "75", "restart": "3",
-           "replica": "1"}
+           "replica": "1", "codes": "PF101,PF104", "seconds": "2"}
 
 
 @pytest.mark.parametrize("kind", list(J.EVENTS.values()), ids=lambda k: k.name)
@@ -213,7 +213,7 @@ def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
     events = J.parse_events(text)
     assert len(events) == len(text.splitlines())  # every line parses
     assert all(e.name in J.EVENTS for e in events)
-    assert [e.name for e in events][:3] == [J.Ev.START, J.Ev.SERVER_START, J.Ev.TRAINER_START]
+    assert [e.name for e in events][:4] == [J.Ev.START, J.Ev.PREFLIGHT, J.Ev.SERVER_START, J.Ev.TRAINER_START]
     ends = {e.name: e.fields for e in events}
     assert ends[J.Ev.TRAINER_EXIT] == {"status": "0"} and ends[J.Ev.EXIT] == {"status": "0"}
     assert ends[J.Ev.START]["job"] == J.LOCAL_JOB_ID and J.Ev.COMPLETE in ends

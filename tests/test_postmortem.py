@@ -82,3 +82,31 @@ def test_scancel_stops_both_roles(tmp_path: Path) -> None:
     st = analyse("5", _info("CANCELLED", 0), "off", [], d)
     assert [(r.state, r.signal) for r in st.roles] == [("stopped", "TERM")] * 2
     assert all("(scancel)" in r.how for r in st.roles)
+
+
+def test_each_signal_is_described_for_what_the_script_did(tmp_path: Path) -> None:
+    """A plain scancel is no checkpoint + requeue (3388ad8 said so for every signal); HUP and a SIGKILL of a
+    --bash script (recorded by its watcher) are failures with their own words."""
+    d = _job(tmp_path, [*START, (J.Ev.SIGNAL, ("TERM",), {}), (J.Ev.EXIT, (), {"status": 143})])
+    notes = analyse("5", _info("CANCELLED", 0), "off", [], d).notes
+    assert any("SIGTERM" in n and "no requeue" in n for n in notes) and not any("checkpoint + requeue" in n
+                                                                                for n in notes), notes
+    for sig, words in (("HUP", "hang-up"), ("KILL", "watcher")):
+        d = _job(tmp_path / sig, [*START, (J.Ev.SIGNAL, (sig,), {}), (J.Ev.EXIT, (), {"status": 128 + 9})])
+        st = analyse(J.LOCAL_JOB_ID, None, "not used", [], d)
+        assert st.failed and any(f"SIG{sig}" in n and words in n for n in st.notes), st.notes
+
+
+def test_a_preempted_trainer_does_not_promise_a_requeue(tmp_path: Path) -> None:
+    d = _job(tmp_path, [*START, (J.Ev.TRAINER_EXIT, (), {"status": J.EXIT_PREEMPTED}),
+                        (J.Ev.EXIT, (), {"status": J.EXIT_PREEMPTED})])
+    st = analyse("5", _info("COMPLETED", 0), "off", [], d)
+    trainer = next(r for r in st.roles if r.role == "trainer")
+    assert "a requeued attempt resumes" not in trainer.how and "resumes from that checkpoint" in trainer.how
+
+
+def test_a_failed_preflight_is_named_with_its_codes(tmp_path: Path) -> None:
+    d = _job(tmp_path, [START[0], (J.Ev.PREFLIGHT, (), {"status": "failed", "codes": "PF101,PF104", "seconds": 2}),
+                        (J.Ev.EXIT, (), {"status": 1})])
+    st = analyse("5", _info("FAILED", 1), "off", [], d)
+    assert any("preflight failed before any model loaded: PF101" in n and "PF104" in n for n in st.notes), st.notes

@@ -5,7 +5,9 @@ it was healthy, a refused re-run into a used job directory, a re-run of a finish
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -122,3 +124,28 @@ def test_a_rerun_of_a_finished_training_says_nothing_was_trained(tmp_path: Path)
     assert again.returncode == 0, again.stderr
     assert "training was already complete before this run" in again.stderr, again.stderr
     assert "launchgen: training complete" not in again.stderr
+
+
+def test_the_preflight_fails_a_job_whose_group_port_is_taken_before_anything_starts(tmp_path: Path) -> None:
+    text = _spec(max_steps=3)
+    port = int(re.search(r"group_port: (\d+)", text)[1])  # type: ignore[index]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen(1)
+        started = time.monotonic()
+        res = _run(tmp_path, _write_script(tmp_path, text), FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
+    assert res.returncode == 1, res.stderr
+    assert time.monotonic() - started < 30
+    assert "preflight PF101 on local: vllm.group_port" in res.stderr and "before any model loaded" in res.stderr
+    events = _events(tmp_path)
+    assert "preflight status=failed codes=PF101" in events and "server_start" not in events, events
+    assert not (tmp_path / "server.pid").exists()  # the server never started
+    st = _status(tmp_path)
+    assert st.returncode == 3 and "preflight failed before any model loaded: PF101" in st.stdout, st.stdout
+
+
+def test_a_healthy_bash_job_passes_the_preflight_and_records_it(tmp_path: Path) -> None:
+    res = _run(tmp_path, _write_script(tmp_path, _spec(max_steps=3)), FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
+    assert res.returncode == 0, res.stderr
+    assert "preflight status=ok seconds=" in _events(tmp_path)
+    assert "preflight passed in" in _status(tmp_path).stdout

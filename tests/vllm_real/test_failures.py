@@ -62,6 +62,49 @@ def test_server_killed_mid_sync_is_an_error_within_the_timeout(
     backend.close()
 
 
+def _engine_cores(server_pid: int) -> list[int]:
+    """The server's engine core processes (`VLLM::EngineCore`, children of its process group)."""
+    pgid = os.getpgid(server_pid)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            same_group = os.getpgid(int(entry.name)) == pgid
+        except (OSError, ProcessLookupError):
+            continue
+        if same_group and cmd.startswith("VLLM::EngineCore"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_engine_killed_during_the_update_fails_the_step_within_seconds(
+    scratch_server: Callable[..., RealServer], real_model: Path
+) -> None:
+    """The engine core dies mid-update (a kernel crash, an OOM kill) while the API server lives on: the step fails
+    in seconds through the client's /health watch or the broken transfer, never at weight_sync_timeout (600 s)."""
+    server = scratch_server()
+    backend = connect(server, weight_sync_timeout=600, packed_buffer_size_bytes=100_000)
+    model = load_model(real_model)
+    backend.sync_weights(iter(model.named_parameters()))  # records the metadata: the next sync streams
+    cores = _engine_cores(server.proc.pid)
+    assert cores, "no VLLM::EngineCore process in the server's group"
+
+    def killing(it: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for i, pair in enumerate(it):
+            if i == 5:
+                for pid in cores:
+                    os.kill(pid, signal.SIGKILL)
+            yield pair
+
+    started = time.monotonic()
+    with pytest.raises((WeightSyncError, VLLMServerError)):
+        backend.sync_weights(killing(model.named_parameters()))
+    assert time.monotonic() - started < 60, "an engine death mid-update must not wait for weight_sync_timeout"
+    backend.close()
+
+
 _CRASHING_TRAINER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[3])

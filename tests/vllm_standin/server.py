@@ -856,6 +856,8 @@ class Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    # vLLM's `serve --help=all` lists every flag (launchgen's preflight reads it); argparse knows only --help
+    argv = ["--help" if a == "--help=all" else a for a in argv]
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -220,13 +220,15 @@ class VLLMServerBackend(RankZeroBackend):
         thread.join(self.control_timeout)
         if not outcome.done:
             raise VLLMTimeoutError(
-                f"the server joined the weight-transfer group but trainer rank 0's end on {host}:{self.group_port} "
-                f"did not complete within {self.control_timeout:g} s"
+                f"weight-transfer rendezvous: the server at {c.where} ({self.server_world_size} worker(s)) joined, "
+                f"but trainer rank 0's end on {host}:{self.group_port} did not complete within "
+                f"generation.vllm_server.control_timeout={self.control_timeout:g} s (the workers reach that address "
+                "from the server's node: a firewall, or VLLM_HOST_IP naming an address they cannot reach)"
             )
         if outcome.error is not None:
             raise WeightSyncError(
-                f"trainer rank 0 could not host the weight-transfer group on {host}:{self.group_port}: "
-                f"{outcome.error}"
+                f"trainer rank 0 could not host the weight-transfer group on {host}:{self.group_port} for the "
+                f"server at {c.where}: {outcome.error}"
             ) from outcome.error
         logger.info(
             "vLLM %s at %s:%s serves %s (world size %d); %s weight-transfer group on %s:%d",
