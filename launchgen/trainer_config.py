@@ -2,7 +2,7 @@
 `TrainerConfig` (pydantic only, cheap to import: `check` imports no torch).
 
 `resolve_trainer_config` runs before the checks (`Ctx.trainer_cfg`): checks read typed fields with the
-trainer's own defaults, LG901 (`rules/trainerargs.py`) reports what does not validate, and `build_plan` embeds
+trainer's own defaults, LG901 (`checks/spec/trainerargs.py`) reports what does not validate, and `build_plan` embeds
 the same config.
 """
 

@@ -343,6 +343,8 @@ def markdown_section() -> str:
             "### What launchgen fills in", "",
             "A field below that `train.args` also sets must agree with the spec field that decides it; a value that",
             "differs is LG921, naming both. The server's address and ports are resolved by the job script at run time.",
+            "Every other field keeps TRL's own default (GRPOConfig logs every 10 steps, the bundled trainers every",
+            "step: set `logging_steps: 1` for a metrics record and a `[launchgen] step` line per step).",
             "", "| TRL field | decided by | modes |", "| --- | --- | --- |"]
     for row in TRL_OWNED:
         modes = "all" if len(row.modes) == 3 else ", ".join(row.modes)

@@ -47,6 +47,17 @@ train:
               extra_args: [--cleanenv]}
   args: {data: {path: d.jsonl}}
 """,
+    # a heterogeneous job whose server runs in a pyxis image: --het-group and the pyxis options on one srun line
+    "hetjob-pyxis": """
+job: {name: variant}
+model: {name_or_path: org/model}
+slurm: {partition: train, max_restarts: 0}
+vllm: {nodes: 1, tensor_parallel_size: 8, partition: infer, qos: low,
+       container: {runtime: pyxis, image: "nvcr.io#nvidia/vllm:25.09-py3", mounts: ["/data:/data:ro"]}}
+train:
+  nodes: 2
+  args: {data: {path: d.jsonl}}
+""",
 }
 
 

@@ -95,3 +95,11 @@ def test_bash_render_is_refused_as_multi_node() -> None:
 def test_steps_are_unchanged_by_the_split() -> None:
     steps = render_steps(plan_for("hetjob-inference-partition"), "sbatch")
     assert "het" not in steps["steps/server.sh"] and "het" not in steps["steps/trainer.sh"]
+
+
+def test_het_group_and_pyxis_options_share_the_servers_srun_line() -> None:
+    script = render_script(plan_for("hetjob-pyxis"), "sbatch")
+    line = next(x for x in script.splitlines() if x.startswith("srun ") and "LG_SERVER_NODELIST" in x)
+    assert line.index("--het-group=1") < line.index("--container-image=")
+    trainer = next(x for x in script.splitlines() if x.startswith("srun ") and "LG_TRAIN_NODELIST" in x)
+    assert "--het-group=0" in trainer and "--container-image" not in trainer

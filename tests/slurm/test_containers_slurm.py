@@ -56,7 +56,8 @@ def _server_pids(model: Path) -> list[int]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if f"serve {model}" in cmd:
+        # not ch-run itself in the instant before it execs the server in the image
+        if f"serve {model}" in cmd and not cmd.split(" ", 1)[0].endswith("ch-run"):
             out.append(int(d.name))
     return out
 

@@ -23,7 +23,7 @@ def test_trl_grpo_usr2_checkpoints_requeues_and_resumes_each_step_once(
                     trainer_env={"SLURMTEST_REWARD_SLEEP": "1.5"})
     del spec["vllm"]  # TRL's own generate: TRL's server mode needs vllm importable in the trainer's environment
     spec["train"]["trainer"] = "trl.grpo"
-    spec["train"]["args"]["save_steps"] = 1000  # TRL needs a positive interval; the signal's save is the one tested
+    spec["train"]["args"]["save_steps"] = 1000  # no periodic save inside this run: the signal's save is the one tested
     j = run_job(cluster, spec, work)
     jobs.append(j)
     wait_for(f"job {j.id} to train a step", lambda: j.metrics() or state(job(j.id)) in ("FAILED", "COMPLETED"), 300)

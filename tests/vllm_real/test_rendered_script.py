@@ -83,3 +83,35 @@ def test_rendered_bash_script_runs_the_loop_and_leaves_nothing_behind(
     # session's shared server serves the same model directory and is alive whenever a test before this one used it.
     leftovers = _processes_mentioning(f"--port {port} ") + _processes_mentioning(str(tmp_path))
     assert not leftovers, f"processes outlived the job ({elapsed:.0f} s):\n" + "\n".join(leftovers)
+
+
+def test_rendered_bash_script_runs_trl_grpo_against_the_real_server(
+    tmp_path: Path, real_venv: Path, real_model: Path
+) -> None:
+    """The same example with `trainer: trl.grpo`: TRL's own GRPOTrainer (run from the server venv, where vllm
+    imports, as TRL's server mode requires) gated on /health, with its weight syncs on the gloo engine."""
+    path, _ = _spec(tmp_path, real_venv, real_model)
+    spec = yaml.safe_load(path.read_text())
+    spec["train"]["trainer"] = "trl.grpo"
+    spec["train"]["args"].update(save_steps=2, learning_rate=0.02, logging_steps=1)  # TRL logs every 10 by default
+    path.write_text(yaml.safe_dump(spec))
+    script = tmp_path / "trl-server.sh"
+    launchgen = [str(Path(sys.executable).with_name("launchgen"))]
+    check = subprocess.run([*launchgen, "check", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    subprocess.run([*launchgen, "render", str(path), "--bash", "-o", str(script)], check=True, capture_output=True)
+    lint = subprocess.run([str(Path(sys.executable).with_name("shellcheck")), str(script)], capture_output=True,
+                          text=True)
+    assert lint.returncode == 0, lint.stdout
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=540,
+                         env={**os.environ, "TOKENIZERS_PARALLELISM": "false",  # the server venv, activated
+                              "PATH": f"{real_venv / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    job = tmp_path / "runs" / "local"
+    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(job.rglob("*.log")))
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-2000:]}\n{logs}"
+    metrics = [json.loads(x) for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["sampling/sampling_logp_difference/max"] < 1e-4 for m in metrics), metrics
+    assert json.loads((job / "trainer" / "launchgen-complete.json").read_text())["trainer"] == "trl.grpo"
+    server_log = next(job.rglob("server-*.log")).read_text(errors="replace")
+    assert "Creating weight transfer engine: GlooWeightTransferEngine" in server_log
