@@ -966,8 +966,9 @@ lg_on_exit() {
     lg_stop_all
   fi
   lg_event "exit status=$rc"
-  # the steps are stopped: the watcher has nothing left to do
+  # the steps are stopped: the watcher has nothing left to do, and goes with this script
   rm -f -- "$LG_STEP_PGIDS"
+  kill "$LG_WATCHER_PID" 2>/dev/null || true
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
 lg_on_usr2() {
@@ -1000,6 +1001,7 @@ setsid bash -c '
   TZ=UTC printf -v ts "%(%Y-%m-%dT%H:%M:%SZ)T" -1
   printf "%s signal KILL\n%s exit status=137\n" "$ts" "$ts" >>"$3"
   rm -f -- "$2"' lg_watch "$$" "$LG_STEP_PGIDS" "$LG_EVENTS" 30 </dev/null >/dev/null 2>&1 &
+LG_WATCHER_PID=$!
 trap lg_on_exit EXIT
 trap 'lg_on_signal TERM 143' TERM
 trap 'lg_on_signal INT 130' INT
