@@ -1273,9 +1273,14 @@ LAUNCHGEN_PY
 # room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
-LG_ALL_NODELIST=$(IFS=,; echo "${LG_NODES[*]}")
-timeout 90 srun --export=ALL --overlap --nodes=3 --ntasks=3 --ntasks-per-node=1 -w "$LG_ALL_NODELIST" \
+# a heterogeneous job: one step per component (a step cannot name nodes of both), both at once, since each
+# node's probes reach the others'
+timeout 90 srun --export=ALL --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 -w "${LG_NODES[0]},${LG_NODES[1]}" --het-group=0 \
+  bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null &
+lg_preflight_trainers=$!
+timeout 90 srun --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 -w "${LG_NODES[2]}" --het-group=1 \
   bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?
+wait "$lg_preflight_trainers" || LG_PREFLIGHT_RC=$?
 LG_PREFLIGHT_S=$((SECONDS - LG_PREFLIGHT_T0))
 if ((LG_PREFLIGHT_RC != 0)); then
   LG_PREFLIGHT_CODES=$(python3 - "$LG_LOG_DIR" <<'LAUNCHGEN_PY'

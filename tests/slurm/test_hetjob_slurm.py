@@ -68,6 +68,10 @@ def test_server_on_its_own_partition_completes(cluster: Cluster, work: Path, job
     # the server ran on the server component's node, and was stopped within seconds of training's end
     comps = _components(j)
     assert _server_node(j) == comps[1]["NodeList"], (comps, j.logs())
+    # the preflight ran in both components at once (one step each), on every node
+    assert _event(j, "preflight status=ok") is not None, j.describe()
+    assert {f"attempt-0/preflight-{n}.log" for n in (_server_node(j),)} <= set(j.logs()), j.logs()
+    assert len([n for n in j.logs() if n.startswith("attempt-0/preflight-")]) == 3, j.logs()
     trainer_end = _event(j, "trainer_exit")
     assert trainer_end is not None and _ts(rec["EndTime"]) - trainer_end <= 10, j.describe()
     assert_no_survivors(cluster, j)
