@@ -790,7 +790,7 @@ lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
 LAUNCHGEN_EOF_F2C5BE409F67158A
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_FD289AC60ACB94C2'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
 The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
@@ -825,6 +825,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -1025,13 +1026,22 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
                 expect = max(expect, len(servers))
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
-    failures = tcp_probes(listen, reach, expect)
-    notes: list[str] = []
+    # `serve --help=all` imports vLLM (the slow probe: ~10 s on a quiet node, more on a loaded one): it runs while
+    # the TCP probes wait for their peers
+    flags: list[tuple[list[tuple[str, str]], list[str]]] = []
     argv = (record.get("server") or {}).get("argv") or []
+    helper = None
     if "server" in me["roles"] and me.get("server_rank") == 0 and argv:
         cmd = [os.path.expandvars(w) for w in argv[0]]
-        f, notes = vllm_flags(cmd, _run_help)
-        failures += f
+        helper = threading.Thread(target=lambda: flags.append(vllm_flags(cmd, _run_help)), daemon=True)
+        helper.start()
+    failures = tcp_probes(listen, reach, expect)
+    notes: list[str] = []
+    if helper is not None:
+        helper.join(HELP_TIMEOUT_S + 5)
+        for f, n in flags:
+            failures += f
+            notes += n
     gpus = visible_gpus(env)
     wanted = {role: me.get(f"{role}_gpus") or [] for role in me["roles"]}
     if gpus is None and any(wanted.values()):
@@ -1064,7 +1074,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-LAUNCHGEN_EOF_FD289AC60ACB94C2
+LAUNCHGEN_EOF_76E6B365DD7CFE7F
 
 if [[ -f ${BASH_SOURCE[0]:-} ]]; then
   cp -- "${BASH_SOURCE[0]}" "$LG_JOB_DIR/job.sh"

@@ -612,7 +612,7 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
 LAUNCHGEN_EOF_65671E6089603D65
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_FD289AC60ACB94C2'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
 The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
@@ -647,6 +647,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -847,13 +848,22 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
                 expect = max(expect, len(servers))
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
-    failures = tcp_probes(listen, reach, expect)
-    notes: list[str] = []
+    # `serve --help=all` imports vLLM (the slow probe: ~10 s on a quiet node, more on a loaded one): it runs while
+    # the TCP probes wait for their peers
+    flags: list[tuple[list[tuple[str, str]], list[str]]] = []
     argv = (record.get("server") or {}).get("argv") or []
+    helper = None
     if "server" in me["roles"] and me.get("server_rank") == 0 and argv:
         cmd = [os.path.expandvars(w) for w in argv[0]]
-        f, notes = vllm_flags(cmd, _run_help)
-        failures += f
+        helper = threading.Thread(target=lambda: flags.append(vllm_flags(cmd, _run_help)), daemon=True)
+        helper.start()
+    failures = tcp_probes(listen, reach, expect)
+    notes: list[str] = []
+    if helper is not None:
+        helper.join(HELP_TIMEOUT_S + 5)
+        for f, n in flags:
+            failures += f
+            notes += n
     gpus = visible_gpus(env)
     wanted = {role: me.get(f"{role}_gpus") or [] for role in me["roles"]}
     if gpus is None and any(wanted.values()):
@@ -886,7 +896,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-LAUNCHGEN_EOF_FD289AC60ACB94C2
+LAUNCHGEN_EOF_76E6B365DD7CFE7F
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
