@@ -494,3 +494,15 @@ def test_a_raw_train_args_read_of_a_path_no_trainer_has_fails(model_dir: Path) -
     assert ctx.arg("generation.importance_sampling.enabled", True) is True  # a real path: the default
     with pytest.raises(KeyError, match="no trainer's config has this field"):
         ctx.arg("generation.importance_sampling.enabeld")
+
+
+def test_a_config_refusal_hidden_behind_a_file_error_builds_no_plan(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """LG901's echo at train.args gives way to a files-stage error on a train field (one message per mistake), but
+    the config still does not validate: run_checks returns no plan instead of tripping build_plan's invariant
+    (found by tests/test_layout.py's shuffled-order property)."""
+    monkeypatch.chdir(tmp_path)
+    spec = {"job": {"name": "plain"}, "model": {"name_or_path": "org/model"},
+            "train": {"trainer": "online_dpo", "args": {"data": {"path": "d.jsonl"}, "num_generations": 8}}}
+    plan, issues = run_checks(load_spec_text(yaml.safe_dump(spec), "spec.yaml"), env={}, files=True)
+    assert plan is None and "LG330" in {i.code for i in issues}

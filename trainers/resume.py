@@ -20,6 +20,8 @@ from typing import Any
 from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.errors import TrainerSetupError
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 #: Dotted config paths that may differ between a checkpoint and the run resuming it; every other field must match.
 MAY_CHANGE: tuple[str, ...] = (
@@ -92,6 +94,28 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[st
             if a.get(k, _MISSING) != b.get(k, _MISSING)]
 
 
+def _at_default(cfg: BaseModel, dotted: str, value: Any) -> bool:
+    """Whether `dotted` names a field of this run's config that holds its declared default (`value` is its JSON)."""
+    *parents, leaf = dotted.split(".")
+    node: Any = cfg
+    for name in parents:
+        node = getattr(node, name, None)
+        if not isinstance(node, BaseModel):
+            return False
+    field = type(node).model_fields.get(leaf)
+    if field is None or field.is_required():
+        return False
+    return bool(to_jsonable_python(field.get_default(call_default_factory=True)) == value)
+
+
+def config_differences(saved: dict[str, Any], cfg: TrainerConfig) -> list[tuple[str, Any, Any]]:
+    """`differences` between a checkpoint's recorded config and this run's, less the fields the checkpoint predates
+    that this run leaves at their defaults: a launchgen upgrade that adds an option (at a default that keeps the old
+    behaviour) must not make every requeued job refuse to resume. Setting such an option still counts."""
+    return [(k, old, new) for k, old, new in differences(saved, fingerprint(cfg))
+            if not (old is _MISSING and _at_default(cfg, k, new))]
+
+
 @dataclass(frozen=True)
 class ResumeDecision:
     checkpoint: Path | None  # resume from here; None: start fresh
@@ -135,10 +159,10 @@ def decide(cfg: TrainerConfig) -> ResumeDecision:
     if saved is None:
         note = f"[launchgen] resume: {path} records no config (written before launchgen checked it): not compared"
     elif cfg.resume != "force":
-        diffs = differences(saved, fingerprint(cfg))
+        diffs = config_differences(saved, cfg)
         if diffs:
             raise _mismatch_error(cfg, path, diffs)
-    elif differences(saved, fingerprint(cfg)):
+    elif config_differences(saved, cfg):
         note = f"[launchgen] resume: force: continuing {path} although the config differs"
     # With num_train_epochs the step count is known only once the data is loaded: the checkpoint recorded it.
     target = int(state.get("max_steps", cfg.max_steps)) if cfg.num_train_epochs is not None else cfg.max_steps

@@ -90,11 +90,14 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, st
     Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
     """
     ctx = Ctx(loaded, dict(os.environ) if env is None else env)
-    issues = without_echo(_without_moot(_run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else [])))
+    found = _without_moot(_run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else []))
+    issues = without_echo(found)
     if strict:
         issues = apply_strict(issues)
     file_codes = {c for chk in registry.CHECKS if chk.stage == "files" for c in chk.codes}
-    if any(i.severity == "error" and i.code not in file_codes for i in issues):
+    # decided on what was found, echo included: a config that does not validate builds no plan even where its
+    # LG901 echo is not shown (a files-stage error on a train field takes its place)
+    if any(i.severity == "error" and i.code not in file_codes for i in (*found, *issues)):
         return None, sort_issues(issues)
     from launchgen.plan import build_plan  # deferred: checks load even where plan cannot be built
 

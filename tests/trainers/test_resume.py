@@ -204,3 +204,25 @@ def test_a_checkpoint_recorded_with_every_trainers_options_still_resumes(tmp_pat
     (tmp_path / "checkpoint-3" / STATE_FILE).write_text(json.dumps({"config": {**older, "delta": 2.0}}))
     with pytest.raises(TrainerSetupError, match=r"delta: 2.0 in the checkpoint, \(unset\) now"):
         decide(cfg)
+
+
+def test_a_checkpoint_older_than_an_option_at_its_default_still_resumes(tmp_path: Path) -> None:
+    """An option added after a checkpoint was written (absent from its record) matches while this run leaves it at
+    its default, which is how the older version ran; set to anything else it is a difference like any other."""
+    from launchgen.trainers.checkpoint import STATE_FILE
+    from launchgen.trainers.resume import decide
+
+    base = {"trainer": "grpo", "output_dir": str(tmp_path), "max_steps": 9, "model": {"name_or_path": "m"},
+            "data": {"path": "d.jsonl"}}
+    cfg = TrainerConfig.model_validate(base)
+    older = fingerprint(cfg)
+    for gone in ("use_adaptive_entropy", "entropy_target"):  # top-level options, added later
+        del older[gone]
+    del older["generation"]["top_k"]  # a nested one
+    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / STATE_FILE).write_text(json.dumps({"config": older}))
+    assert decide(cfg).checkpoint == tmp_path / "checkpoint-3"
+    for changed, shown in (({"entropy_target": 0.5}, r"entropy_target: \(unset\) in the checkpoint, 0.5 now"),
+                           ({"generation": {"top_k": 5}}, r"generation.top_k: \(unset\) in the checkpoint, 5 now")):
+        with pytest.raises(TrainerSetupError, match=shown):
+            decide(TrainerConfig.model_validate({**base, **changed}))

@@ -51,18 +51,18 @@ def _is_grpo(ctx: Ctx) -> bool:
 def liger_loss_options(ctx: Ctx) -> Iterator[Issue]:
     if not _is_grpo(ctx) or not liger_fused_loss(ctx):
         return
-    lt = ctx.arg("loss_type")
+    lt = ctx.value("loss_type")
     if lt in NEW_LOSS_TYPES:
         yield ctx.issue("LG612", f"{_A}.loss_type",
                         f"loss_type {lt} with model.liger_grpo_loss: Liger's fused GRPO loss computes grpo, dapo, "
                         "dr_grpo and bnpo only")
-    if ctx.arg("delta") is not None:
+    if ctx.value("delta") is not None:
         yield ctx.issue("LG613", f"{_A}.delta", "two-sided clipping (delta) is not computed by Liger's fused GRPO loss")
 
 
 @check("LG614")
 def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
-    if not _is_grpo(ctx) or ctx.arg("max_tokens_per_forward") is None:
+    if not _is_grpo(ctx) or ctx.value("max_tokens_per_forward") is None:
         return
     q, coef = _num(ctx.value("top_entropy_quantile")), _num(ctx.value("entropy_coef"))
     if q is not None and q < 1.0:
@@ -81,7 +81,7 @@ def entropy_options_with_passes(ctx: Ctx) -> Iterator[Issue]:
 
 @check("LG615")
 def vespo_sequence_is(ctx: Ctx) -> Iterator[Issue]:
-    if not _is_grpo(ctx) or ctx.arg("loss_type") != "vespo" or ctx.spec.vllm is None:
+    if not _is_grpo(ctx) or ctx.value("loss_type") != "vespo" or ctx.spec.vllm is None:
         return
     if ctx.value("generation.importance_sampling.enabled") is False:
         return

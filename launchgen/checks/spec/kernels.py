@@ -164,21 +164,21 @@ def _num(v: Any) -> float | None:
 def liger_combinations(ctx: Ctx) -> Iterator[Issue]:
     if not liger_fused_loss(ctx) or not ctx.trainer_facts.supports_liger_loss:
         return
-    q = _num(ctx.arg("top_entropy_quantile"))
+    q = _num(ctx.value("top_entropy_quantile"))
     if q is not None and q < 1.0:
         yield ctx.issue("LG607", "train.args.top_entropy_quantile",
                         f"top_entropy_quantile {q} masks tokens by entropy, which Liger's fused GRPO loss cannot do")
-    level = ctx.arg("importance_sampling_level")
+    level = ctx.value("importance_sampling_level")
     if level is not None and level != "token":
         yield ctx.issue("LG608", "train.args.importance_sampling_level",
                         f"importance_sampling_level {level!r}: Liger's fused GRPO loss supports token level only")
-    coef = _num(ctx.arg("entropy_coef"))
+    coef = _num(ctx.value("entropy_coef"))
     if coef:
         yield ctx.issue("LG609", "train.args.entropy_coef",
                         f"entropy_coef {coef} adds an entropy bonus, which Liger's fused GRPO loss does not compute")
-    if ctx.arg("use_adaptive_entropy") is True:
+    if ctx.value("use_adaptive_entropy") is True:
         yield ctx.issue("LG609", "train.args.use_adaptive_entropy",
                         "use_adaptive_entropy adds an entropy bonus, which Liger's fused GRPO loss does not compute")
-    if ctx.arg("off_policy_mask_threshold") is not None:
+    if ctx.value("off_policy_mask_threshold") is not None:
         yield ctx.issue("LG610", "train.args.off_policy_mask_threshold",
                         "off-policy sequence masking is not supported by Liger's fused GRPO loss")

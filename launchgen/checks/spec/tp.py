@@ -117,7 +117,7 @@ def _max_model_len(ctx: Ctx) -> tuple[int | None, str]:
     if v is not None and v.max_model_len is not None:
         return v.max_model_len, "vllm.max_model_len"
     # an argument the spec owns (LG902), but still the length vLLM would be asked for
-    mml = ctx.arg("generation.vllm_colocate.max_model_len")
+    mml = ctx.value("generation.vllm_colocate.max_model_len")
     return (mml if isinstance(mml, int) and not isinstance(mml, bool) else None), \
         "train.args.generation.vllm_colocate.max_model_len"
 
