@@ -21,13 +21,26 @@ pytestmark = pytest.mark.slurm
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
-def _directives(script: str) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _all_directives(script: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
     for line in script.splitlines():
         m = re.match(r"^#SBATCH\s+--([a-z-]+)(?:=(.*))?$", line.strip())
         if m:
-            out[m.group(1)] = m.group(2) or ""
+            out.append((m.group(1), m.group(2) or ""))
     return out
+
+
+def _directives(script: str) -> dict[str, str]:
+    """The first value of each option: a heterogeneous job's component 0 (the trainers)."""
+    out: dict[str, str] = {}
+    for key, value in _all_directives(script):
+        out.setdefault(key, value)
+    return out
+
+
+def _untyped_gres(script: str) -> str:
+    """The local cluster's fake GPUs have no type: `--gres=gpu:h100:8` asks for 8 GPUs of any type there."""
+    return re.sub(r"^(#SBATCH\s+--gres=gpu):[^:\s]+:(\d+)$", r"\1:\2", script, flags=re.M)
 
 
 def _partitions() -> set[str]:
@@ -51,9 +64,7 @@ def shaped(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     for ex in EXAMPLES:
         text = _render(cluster, ex, d / f"{ex.stem}.sbatch")
         scripts[ex.name] = str(d / f"{ex.stem}.sbatch")
-        part = _directives(text).get("partition")
-        if part:
-            needed.add(part)
+        needed |= {v for k, v in _all_directives(text) if k == "partition" and v}  # every hetjob component's
     have = _partitions()
     if cluster.local and not needed <= have:
         parts = ["debug", *sorted(needed - {"debug"})]
@@ -76,11 +87,14 @@ def test_sbatch_test_only_accepts_example(cluster: Cluster, shaped: dict[str, st
         missing.append(f"{nodes} nodes (cluster has {len(cluster.nodes)})")
     if gpus > cluster.gpus_per_node:
         missing.append(f"{gpus} GPUs per node (cluster has {cluster.gpus_per_node})")
-    if d.get("partition") and d["partition"] not in _partitions():
-        missing.append(f"partition {d['partition']}")
+    missing += [f"partition {v}" for k, v in _all_directives(script.read_text())
+                if k == "partition" and v and v not in _partitions()]
     if missing:
         assert not cluster.local, f"the local cluster lacks {', '.join(missing)} for {example}"
         pytest.skip(f"{example} needs {', '.join(missing)} on this cluster")
+    if cluster.local:
+        script = script.with_suffix(".untyped.sbatch")
+        script.write_text(_untyped_gres(Path(shaped[example]).read_text()))
     p = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=script.parent,
                        check=False)
     assert p.returncode == 0 and "to start at" in p.stderr, (
