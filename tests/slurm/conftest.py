@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurmkit import CLUSTER_DIR, Cluster, gpus_of, nodes_are_local, sinfo_nodes
+from slurmkit import CLUSTER_DIR, Cluster, Job, cancel, gpus_of, job, nodes_are_local, sinfo_nodes, state
 
 #: The shape every scenario is written for: 5 nodes x 8 fake GPUs (3 needed by the multi-node layout).
 LOCAL_NODES = 5
@@ -119,3 +119,21 @@ def prompts_file(cluster: Cluster) -> Path:
     rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 5)]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return f
+
+
+@pytest.fixture
+def work(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
+    """A directory of the test's own on the file system every node sees."""
+    d = cluster.shared_dir / request.node.name.replace("[", "-").replace("]", "")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    """Jobs a test submitted; any still alive at the end are cancelled so one failure cannot cascade."""
+    submitted: list[Job] = []
+    yield submitted
+    for j in submitted:
+        if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
+            cancel(j.id)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from chimage import build_image, ch_run, host_mounts
 from slurmkit import Cluster, Job, assert_no_survivors, exit_code, job, run_job, sh, state, wait_for
-from test_scenarios import _events, _release_requeued, jobs, spec_for, work  # noqa: F401  (fixtures)
+from test_scenarios import _events, _release_requeued, spec_for
 
 pytestmark = pytest.mark.slurm
 
@@ -63,7 +63,7 @@ def _server_pids(model: Path) -> list[int]:
 
 
 def test_charliecloud_roles_complete_inside_the_image(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     assert cluster.local, "the in-image evidence reads /proc of the nodes: a local cluster"
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-happy",
@@ -90,7 +90,7 @@ def test_charliecloud_roles_complete_inside_the_image(
 
 
 def test_charliecloud_scancel_leaves_nothing(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-kill",
                                               port=18920, max_steps=100000))
@@ -109,7 +109,7 @@ def test_charliecloud_scancel_leaves_nothing(
 
 
 def test_charliecloud_usr2_checkpoints_requeues_and_resumes(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     max_steps = 8
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-requeue",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from slurmkit import Cluster, Job, assert_no_survivors, exit_code, job, run_job, sh, state, wait_for
-from test_scenarios import _event, _release_requeued, _ts, jobs, spec_for, work  # noqa: F401  (fixtures)
+from test_scenarios import _event, _release_requeued, _ts, spec_for
 
 pytestmark = pytest.mark.slurm
 
@@ -51,7 +51,7 @@ def _server_node(j: Job) -> str:
     return Path(logs[0]).stem.removeprefix("server-")
 
 
-def test_server_on_its_own_partition_completes(cluster: Cluster, work: Path, jobs: list[Job],  # noqa: F811
+def test_server_on_its_own_partition_completes(cluster: Cluster, work: Path, jobs: list[Job],
                                                shared_tiny_model: Path, prompts_file: Path) -> None:
     spec = _het(cluster, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-het-happy", port=19000,
                                   max_steps=3, layout="multi"))
@@ -77,7 +77,7 @@ def test_server_on_its_own_partition_completes(cluster: Cluster, work: Path, job
     assert_no_survivors(cluster, j)
 
 
-def test_trainer_crash_tears_down_the_server_component(cluster: Cluster, work: Path, jobs: list[Job],  # noqa: F811
+def test_trainer_crash_tears_down_the_server_component(cluster: Cluster, work: Path, jobs: list[Job],
                                                        shared_tiny_model: Path, prompts_file: Path) -> None:
     spec = _het(cluster, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-het-crash", port=19050,
                                   rewards=["slurm_rewards:crash"], max_steps=50, layout="multi",
@@ -94,7 +94,7 @@ def test_trainer_crash_tears_down_the_server_component(cluster: Cluster, work: P
 
 
 def test_usr2_requeues_the_whole_heterogeneous_job_and_it_resumes(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     """USR2 to the batch shell (what SLURM sends before the time limit): the trainer checkpoints, `scontrol requeue`
     of the leader requeues both components, and the next attempt (nodes listed again from both) resumes."""

@@ -14,28 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurmkit import FAKES, Cluster, Job, assert_no_survivors, cancel, job, run_job, sh, state, wait_for
+from slurmkit import FAKES, Cluster, Job, assert_no_survivors, job, run_job, sh, state, wait_for
 from test_scenarios import spec_for
 
 pytestmark = pytest.mark.slurm
 
 SHUTDOWN_S = 4.0  # each side's own shutdown time after TERM: well inside the script's grace (plan.STOP_GRACE_S)
 
-
-@pytest.fixture
-def work(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
-    d = cluster.shared_dir / request.node.name
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture
-def jobs() -> Any:
-    submitted: list[Job] = []
-    yield submitted
-    for j in submitted:
-        if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-            cancel(j.id)
 
 
 def _term_trapping_spec(cluster: Cluster, work: Path, model: Path, prompts: Path, layout: str) -> dict[str, Any]:

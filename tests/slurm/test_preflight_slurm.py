@@ -11,26 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurmkit import Cluster, Job, assert_no_survivors, cancel, exit_code, job, launchgen_cmd, run_job, state
+from slurmkit import Cluster, Job, assert_no_survivors, exit_code, launchgen_cmd, run_job, state
 from test_scenarios import _events, spec_for
 
 pytestmark = pytest.mark.slurm
 
-
-@pytest.fixture
-def work(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
-    d = cluster.shared_dir / request.node.name
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture
-def jobs() -> Any:
-    submitted: list[Job] = []
-    yield submitted
-    for j in submitted:
-        if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-            cancel(j.id)
 
 
 def _preflight(j: Job) -> tuple[str, list[dict[str, Any]]]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from slurmkit import Cluster, Job, assert_no_survivors, exit_code, run_job, sh, state, wait_for
-from test_scenarios import _event, _status_json, jobs, spec_for, work  # noqa: F401  (fixtures)
+from test_scenarios import _event, _status_json, spec_for
 
 pytestmark = pytest.mark.slurm
 
 
 def test_killed_replica_step_is_restarted_and_the_run_completes(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     steps_wanted = 40
     spec = spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-replicas", port=18800,

@@ -144,22 +144,6 @@ def spec_for(
     }
 
 
-@pytest.fixture
-def work(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
-    d = cluster.shared_dir / request.node.name.replace("[", "-").replace("]", "")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture
-def jobs() -> Any:
-    """Jobs a test submitted; any still alive at the end are cancelled so one failure cannot cascade."""
-    submitted: list[Job] = []
-    yield submitted
-    for j in submitted:
-        if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
-            cancel(j.id)
-
 
 def _elapsed(rec: dict[str, str]) -> float:
     return _ts(rec["EndTime"]) - _ts(rec["StartTime"])

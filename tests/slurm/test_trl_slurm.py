@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from slurmkit import Cluster, Job, assert_no_survivors, exit_code, job, run_job, sh, state, wait_for
-from test_scenarios import _events, _release_requeued, jobs, spec_for, work  # noqa: F401  (fixtures)
+from test_scenarios import _events, _release_requeued, spec_for
 
 pytestmark = pytest.mark.slurm
 
 
 def test_trl_grpo_usr2_checkpoints_requeues_and_resumes_each_step_once(
-    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path  # noqa: F811
+    cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
     # TRL's steps on the tiny model take about a second: enough of them that the signal lands mid-run however late
     # the first metrics line is seen (at 6 steps a full .ci/run saw the run finish before USR2 reached it)
