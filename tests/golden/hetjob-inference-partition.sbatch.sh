@@ -584,7 +584,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_175F87734C656843'
 }
 LAUNCHGEN_EOF_175F87734C656843
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_764AF031E90E8173'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_290E13FB3E86B175'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 16 process(es) on 2 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -596,8 +596,9 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.tmp"
-  mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.tmp" "$LAUNCHGEN_PID_DIR/trainer.step"
+  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
+  mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
 
 # timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
@@ -726,7 +727,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_764AF031E90E8173
+LAUNCHGEN_EOF_290E13FB3E86B175
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -753,7 +754,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_0F3060FF4D4A1745'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_551A507583E7B753'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -765,8 +766,9 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.tmp"
-  mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.tmp" "$LAUNCHGEN_PID_DIR/preflight.step"
+  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
+  mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
 
 # ---- slurm.setup: verbatim from the spec (shell code by design), in this shell so activations stick
@@ -784,9 +786,9 @@ set -u
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-7B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_0F3060FF4D4A1745
+LAUNCHGEN_EOF_551A507583E7B753
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_2061E5A8F942A820'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_325EB2D8DE71CB92'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 8 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -798,8 +800,9 @@ exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.tmp"
-  mv -f -- "$LAUNCHGEN_PID_DIR/server.step.tmp" "$LAUNCHGEN_PID_DIR/server.step"
+  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$"
+  mv -f -- "$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/server.step"
 fi
 
 # timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
@@ -909,7 +912,7 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_2061E5A8F942A820
+LAUNCHGEN_EOF_325EB2D8DE71CB92
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
