@@ -518,7 +518,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7CA3EC38D42E040A'
 }
 LAUNCHGEN_EOF_7CA3EC38D42E040A
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_631FDA8A8518FBAC'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_90DE5DD7492F0175'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -530,7 +530,7 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
@@ -628,7 +628,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_631FDA8A8518FBAC
+LAUNCHGEN_EOF_90DE5DD7492F0175
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -655,7 +655,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_D780C5BAA3534F5F'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_ED426C5F8EFB1182'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -667,7 +667,7 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
@@ -677,9 +677,9 @@ fi
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" examples/tiny-model-vllm \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_D780C5BAA3534F5F
+LAUNCHGEN_EOF_ED426C5F8EFB1182
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_9E1B50CE690487D1'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_A42E2B099431B7C4'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 1 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -691,7 +691,7 @@ exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/server.step"
 fi
@@ -770,7 +770,7 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_9E1B50CE690487D1
+LAUNCHGEN_EOF_A42E2B099431B7C4
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).

@@ -430,7 +430,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0EADDAE80C3799DB'
 }
 LAUNCHGEN_EOF_0EADDAE80C3799DB
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_6A554F4D4FE3EB84'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_66E5ADBB89584DF5'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 16 process(es) on 2 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -442,7 +442,7 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
@@ -563,7 +563,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_6A554F4D4FE3EB84
+LAUNCHGEN_EOF_66E5ADBB89584DF5
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -590,7 +590,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_6CD2864DDFCC5B53'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_400EE2194CA6951A'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -602,7 +602,7 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
@@ -612,7 +612,7 @@ fi
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" meta-llama/Llama-3.1-8B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_6CD2864DDFCC5B53
+LAUNCHGEN_EOF_400EE2194CA6951A
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).

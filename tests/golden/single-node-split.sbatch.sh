@@ -533,7 +533,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_86471D64CF93235E'
 }
 LAUNCHGEN_EOF_86471D64CF93235E
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_18C9FC9763FB5A10'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_EDB44B5281DB4E62'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -545,7 +545,7 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
@@ -676,7 +676,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_18C9FC9763FB5A10
+LAUNCHGEN_EOF_EDB44B5281DB4E62
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -703,7 +703,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_551A507583E7B753'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_BB7B1AF6A2FBE549'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -715,7 +715,7 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
@@ -735,9 +735,9 @@ set -u
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-7B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_551A507583E7B753
+LAUNCHGEN_EOF_BB7B1AF6A2FBE549
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_5F429EC2DC417148'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_557AE5AC671AAE26'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 4 x DP 1); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -749,7 +749,7 @@ exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/server.step"
 fi
@@ -861,7 +861,7 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_5F429EC2DC417148
+LAUNCHGEN_EOF_557AE5AC671AAE26
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).

@@ -313,7 +313,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_C7DADE609850D02E'
 }
 LAUNCHGEN_EOF_C7DADE609850D02E
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_2CE934A14480FA50'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_3CF27132BB5166CD'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -325,7 +325,7 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
@@ -423,7 +423,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_2CE934A14480FA50
+LAUNCHGEN_EOF_3CF27132BB5166CD
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -450,7 +450,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_82501B518A4B40BE'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_F40E875B724262EE'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -462,7 +462,7 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
@@ -472,7 +472,7 @@ fi
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" examples/tiny-model \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_82501B518A4B40BE
+LAUNCHGEN_EOF_F40E875B724262EE
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).

@@ -557,7 +557,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9692FAE3927681E'
 }
 LAUNCHGEN_EOF_B9692FAE3927681E
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_B2EC0476649ACC52'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_AB2E8BA4E9DA828B'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -569,7 +569,7 @@ exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
@@ -690,7 +690,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_B2EC0476649ACC52
+LAUNCHGEN_EOF_AB2E8BA4E9DA828B
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -717,7 +717,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_1726D3A3F2E9B86C'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_8CBEE340487923EA'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -729,7 +729,7 @@ exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/preflight.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/preflight.step"
 fi
@@ -739,9 +739,9 @@ fi
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-1.5B-Instruct \
   "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_1726D3A3F2E9B86C
+LAUNCHGEN_EOF_8CBEE340487923EA
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_DA8BF6E6803B6573'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_851BB733FEB7D74C'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 2 x DP 1, replica 0 of 2); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -753,7 +753,7 @@ exec >>"$LG_LOG_DIR/server-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/server.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/server.step"
 fi
@@ -855,9 +855,9 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_DA8BF6E6803B6573
+LAUNCHGEN_EOF_851BB733FEB7D74C
 
-cat >"$LG_JOB_DIR"/steps/server-r1.sh <<'LAUNCHGEN_EOF_0EB6979C97DA06FB'
+cat >"$LG_JOB_DIR"/steps/server-r1.sh <<'LAUNCHGEN_EOF_866E840566DCEB05'
 #!/bin/bash
 # launchgen server-r1 step (vllm serve, TP 2 x DP 1, replica 1 of 2); written by the job script, runs once on each server-r1 node.
 set -euo pipefail
@@ -869,7 +869,7 @@ exec >>"$LG_LOG_DIR/server-r1-$LG_NODE.log" 2>&1
 trap '' USR2
 # the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
 if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a hetjob runs one step of a role per component at once
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
   printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/server-r1.step.$LG_NODE.$$"
   mv -f -- "$LAUNCHGEN_PID_DIR/server-r1.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/server-r1.step"
 fi
@@ -971,7 +971,7 @@ case $LG_SERVER_RANK in
 esac
 lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
-LAUNCHGEN_EOF_0EB6979C97DA06FB
+LAUNCHGEN_EOF_866E840566DCEB05
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).

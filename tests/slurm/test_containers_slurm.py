@@ -68,6 +68,7 @@ def test_charliecloud_roles_complete_inside_the_image(
     assert cluster.local, "the in-image evidence reads /proc of the nodes: a local cluster"
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-happy",
                                               port=18900, max_steps=3,
+                                              rewards=["slurm_rewards:slow_first_attempt"],
                                               trainer_env={"SLURMTEST_REWARD_SLEEP": "1"}))
     j = run_job(cluster, spec, work)
     jobs.append(j)
@@ -114,6 +115,7 @@ def test_charliecloud_usr2_checkpoints_requeues_and_resumes(
     max_steps = 8
     spec = _contained(cluster, work, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-ch-requeue",
                                               port=18940, max_steps=max_steps, signal_grace=60, max_restarts=1,
+                                              rewards=["slurm_rewards:slow_first_attempt"],
                                               trainer_env={"SLURMTEST_REWARD_SLEEP": "1.5"}))
     j = run_job(cluster, spec, work)
     jobs.append(j)

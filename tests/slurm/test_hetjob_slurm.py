@@ -101,6 +101,7 @@ def test_usr2_requeues_the_whole_heterogeneous_job_and_it_resumes(
     max_steps = 8
     spec = _het(cluster, spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-het-requeue", port=19100,
                                   max_steps=max_steps, layout="multi", signal_grace=60, max_restarts=1,
+                                  rewards=["slurm_rewards:slow_first_attempt"],
                                   trainer_env={"SLURMTEST_REWARD_SLEEP": "1.5"}))
     j = run_job(cluster, spec, work)
     jobs.append(j)

@@ -17,11 +17,12 @@ pytestmark = pytest.mark.slurm
 def test_trl_grpo_usr2_checkpoints_requeues_and_resumes_each_step_once(
     cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_model: Path, prompts_file: Path
 ) -> None:
-    # TRL's steps on the tiny model take about a second: enough of them that the signal lands mid-run however late
-    # the first metrics line is seen (at 6 steps a full .ci/run saw the run finish before USR2 reached it)
-    max_steps = 40
+    # The first attempt's reward sleeps 1.5 s a call, so the signal lands mid-run however late the first metrics
+    # line is seen (unpaced, a full .ci/run saw 6 one-second TRL steps finish before USR2 reached them)
+    max_steps = 12
     spec = spec_for(cluster, work, shared_tiny_model, prompts_file, "lg-trl-requeue", port=18960,
                     max_steps=max_steps, signal_grace=60, max_restarts=1,
+                    rewards=["slurm_rewards:slow_first_attempt"],
                     trainer_env={"SLURMTEST_REWARD_SLEEP": "1.5"})
     del spec["vllm"]  # TRL's own generate: TRL's server mode needs vllm importable in the trainer's environment
     spec["train"]["trainer"] = "trl.grpo"
