@@ -6,14 +6,17 @@ The spec is copied with its node counts edited so the job spans `--nodes` nodes:
 `nodes - vllm.nodes` (the dedicated server nodes stay as they are); a spec without a `train` section has every
 `nodes` field it holds set to `--nodes`. The verbs that read a job directory (`status`, `logs`, `report`) run on
 `--job-dir` (default: `launchgen-runs/local`, what `bash examples/quickstart.sh` leaves) and are left out, saying
-so, when there is none. `--compare CLI` times a second CLI (an older checkout) in the same runs. Each command runs `--runs` times in fresh processes, interleaved (baseline, then every
-verb, then the baseline again, ...) so drift hits all of them; the table gives the medians and the ratios to the
-baseline (target: <= 15x for every verb, `--help` near 5x).
+so, when there is none. `--compare CLI` times a second CLI (an older checkout) in the same runs. Each command
+runs `--runs` times in fresh processes, interleaved (baseline, then every verb, then the baseline again, ...) so
+drift hits all of them; the table gives the medians and the ratios to the baseline (target: <= 15x for every
+verb, `--help` near 5x). The warm-up run of each command writes the bytecode
+cache even where PYTHONDONTWRITEBYTECODE is set, as an installed launchgen has it; the timed runs read it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import statistics
@@ -68,9 +71,9 @@ def _has_verb(lg: list[str], verb: str) -> bool:
     return r.returncode == 0
 
 
-def time_cmd(argv: list[str]) -> float:
+def time_cmd(argv: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
-    r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     dt = time.perf_counter() - t
     # `status` of a local run that did not complete exits 3 (EXIT_STATUS_JOB_FAILED); it still did its work
     if r.returncode not in (0, 3):
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=64)
     # The console script beside this interpreter, not a version-manager shim (pyenv's adds ~100 ms of bash).
     beside = Path(sys.executable).parent / "launchgen"
-    p.add_argument("--launchgen", default=str(beside) if beside.exists() else (shutil.which("launchgen") or "launchgen"),
+    default_cli = str(beside) if beside.exists() else (shutil.which("launchgen") or "launchgen")
+    p.add_argument("--launchgen", default=default_cli,
                    help="how to start the CLI (default: the console script installed beside this python)")
     p.add_argument("--render-args", default="--force -o {out}",
                    help="arguments after `render SPEC`; {out} is a script path in a temporary directory")
@@ -126,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
                 cmds[f"launchgen logs{tag}"] = [*lg, "logs", "local", "--job-dir", job, "--role", "trainer"]
                 if _has_verb(lg, "report"):
                     cmds[f"launchgen report{tag}"] = [*lg, "report", job, "-o", str(Path(tmp) / "report.html")]
-        for argv_ in cmds.values():  # warm the page cache and surface errors before timing
-            time_cmd(argv_)
+        # Warm the page cache, surface errors, and write the bytecode a login node's install has (pip compiles it;
+        # an editable checkout writes it on its first run): with PYTHONDONTWRITEBYTECODE set (CI, containers) and
+        # no __pycache__, every timed run would compile every launchgen module from source.
+        warm_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        for argv_ in cmds.values():
+            time_cmd(argv_, warm_env)
         times: dict[str, list[float]] = {k: [] for k in cmds}
         for _ in range(a.runs):
             for k, argv_ in cmds.items():

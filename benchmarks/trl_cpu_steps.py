@@ -2,7 +2,8 @@
 (built in code), same rows and batch (4 rows/completions per step, 6-token completions, fp32, one process).
 
 A step's time is (wall of a 1+N-step run - wall of a 1-step run) / N, so model loading, set-up and the first
-step's warm-up cancel out. Prints one line per trainer and writes JSON to --out.
+step's warm-up cancel out; each trainer first runs one discarded step, so the process's one-time costs do not
+land on the 1-step run. Prints one line per trainer and writes JSON to --out.
 
     python benchmarks/trl_cpu_steps.py --steps 4 --out trl_cpu_steps.json
 """
@@ -34,23 +35,23 @@ def _wall(cfg: Any, run: Any) -> float:
     return time.perf_counter() - t0
 
 
-def trl_run(tmp: Path, model: Path, name: str, steps: int) -> float:
+def trl_run(tmp: Path, model: Path, name: str, steps: int, tag: str = "") -> float:
     from launchgen.trainers.trl.config import TrlRunConfig
     from launchgen.trainers.trl.run import run
     from trl_runs import trl_cfg
 
-    d = tmp / f"t-{name}-{steps}"
+    d = tmp / f"t-{name}-{steps}{tag}"
     d.mkdir(exist_ok=True)
     cfg = trl_cfg(d, model, name, max_steps=steps)
     return _wall(TrlRunConfig.model_validate(cfg), run)
 
 
-def bundled_run(tmp: Path, model: Path, name: str, steps: int) -> float:
+def bundled_run(tmp: Path, model: Path, name: str, steps: int, tag: str = "") -> float:
     from launchgen.trainers.configs import parse_trainer_config
     from launchgen.trainers.core import run
     from toy_runs import toy_cfg
 
-    d = tmp / f"b-{name}-{steps}"
+    d = tmp / f"b-{name}-{steps}{tag}"
     d.mkdir(exist_ok=True)
     over: dict[str, Any] = {"max_steps": steps, "per_device_train_batch_size": 4, "learning_rate": 1e-3,
                             "report_to": ["jsonl"]}
@@ -82,9 +83,13 @@ def main() -> int:
         model = build_tiny_model(tmp / "model")
         for name, bundled in PAIRS.items():
             row: dict[str, Any] = {}
+            # a discarded first run: a trainer's first run in the process pays one-time costs (imports, TRL's
+            # lazy modules) that would otherwise land on the 1-step run and can make the difference negative
+            trl_run(tmp, model, name, 1, "-warm")
             t1, tn = trl_run(tmp, model, name, 1), trl_run(tmp, model, name, 1 + a.steps)
             row["trl"] = (tn - t1) / a.steps
             if bundled is not None:
+                bundled_run(tmp, model, bundled, 1, "-warm")
                 b1, bn = bundled_run(tmp, model, bundled, 1), bundled_run(tmp, model, bundled, 1 + a.steps)
                 row["bundled"] = (bn - b1) / a.steps
             results[name] = row

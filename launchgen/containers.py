@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from launchgen import scriptvars as V
 from launchgen.planmodel import Argv, ContainerPlan, EnvVar, Ref, Word
 from launchgen.spec import ContainerSection, Spec
 
@@ -25,7 +26,7 @@ RoleName = Literal["server", "trainer"]
 #: Face cache and the job directory (configs, logs, pid files, checkpoints); the batch script sets the variables.
 #: The job directory comes last: under the default relative job.output_dir it lies inside the submit directory,
 #: whose mount then already provides its mount point (ch-run cannot create one in a read-only image).
-STANDARD_MOUNTS: tuple[Ref, ...] = (Ref("LG_SUBMIT_DIR"), Ref("LG_HF_CACHE"), Ref("LG_JOB_DIR"))
+STANDARD_MOUNTS: tuple[Ref, ...] = (Ref(V.LG_SUBMIT_DIR), Ref(V.LG_HF_CACHE), Ref(V.LG_JOB_DIR))
 #: URI schemes of registry images (apptainer's; enroot's `docker://`); pyxis also takes a bare `registry#image`.
 REGISTRY_SCHEMES = ("docker://", "oras://", "library://", "shub://", "docker-daemon:", "dockerd://")
 
@@ -104,7 +105,7 @@ def container_plan(c: ContainerSection, source: str, *, uses_gpus: bool, command
         else:
             prefix = (rt.program, "exec", *(rt.gpu_flags if gpus else ()), *opts, *c.extra_args, c.image)
         return ContainerPlan(c.runtime, c.image, mounts, gpus, prefix, (), env, source)
-    srun: list[Word] = [f"--container-image={c.image}", *opts, Ref("LG_SUBMIT_DIR", "--container-workdir=")]
+    srun: list[Word] = [f"--container-image={c.image}", *opts, Ref(V.LG_SUBMIT_DIR, "--container-workdir=")]
     if c.env:
         srun.append("--container-env=" + ",".join(c.env))
     srun += c.extra_args

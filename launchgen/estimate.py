@@ -23,8 +23,9 @@ role's settings; `launchgen.estimate_spec.estimate` gathers them from a spec. Th
 * **Activations** (a rough bound): with gradient checkpointing each decoder layer's bf16 input is kept
   (tokens x hidden x 2 bytes x layers), without it every layer's activations (`ACT_*_UNITS` below); the peak is
   the larger of the start of the backward pass (all kept activations plus the log-prob head's fp32 tiles,
-  `model.logits_chunk_mib` x `LOGIT_TILE_COPIES`, or the last layer's recomputation and the head's fp32 weight
-  gradient) and its end (all gradients plus the first layer's working set): `peak_activation_bytes`. Tokens of a
+  `model.logits_chunk_mib` (at most the pass's tokens x vocabulary) x `LOGIT_TILE_COPIES`, or the last layer's
+  recomputation and the head's fp32 weight gradient) and its end (all gradients plus the first layer's working
+  set): `peak_activation_bytes`. Tokens of a
   pass = per_device_train_batch_size x (prompt + completion), at most `max_tokens_per_forward`. Checked against
   H200 peaks in benchmarks/RESULTS.md.
 * **Weight sync**: bytes pushed per optimizer step (every parameter, or with LoRA the merged adapted modules:
@@ -79,7 +80,7 @@ ACT_INTERMEDIATE_UNITS = 2.3
 LOGIT_TILE_COPIES = 4
 #: Above this share of the GPU a role is reported as tight (a warning); above the GPU, as not fitting.
 MARGIN = 0.10
-#: Prompt tokens assumed when neither data.max_prompt_length nor estimate.prompt_length says.
+#: Prompt tokens assumed when neither data.max_prompt_length nor estimate.prompt_tokens says.
 DEFAULT_PROMPT_TOKENS = 512
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -359,7 +360,9 @@ def activation_bytes(shape: ModelShape, s: TrainerSetup) -> tuple[int, int, int]
     per_layer = int(2 * (ACT_HIDDEN_UNITS * shape.hidden_size + ACT_KV_UNITS * shape.num_key_value_heads
                          * shape.head_size + ACT_INTERMEDIATE_UNITS * shape.intermediate_size))
     kept = t * shape.hidden_size * 2 if s.gradient_checkpointing else t * per_layer
-    head = LOGIT_TILE_COPIES * s.logits_chunk_mib * 2**20 + t * shape.hidden_size * 2 * 2
+    # a tile holds at most the pass's whole logits (a short pass never fills model.logits_chunk_mib)
+    tile = min(s.logits_chunk_mib * 2**20, t * shape.vocab_size * 4)
+    head = LOGIT_TILE_COPIES * tile + t * shape.hidden_size * 2 * 2
     return kept * shape.num_hidden_layers, t * per_layer, head
 
 
@@ -370,6 +373,23 @@ def peak_activation_bytes(shape: ModelShape, s: TrainerSetup, grad_bytes: int, h
     fp32 weight gradient) and its end (all gradients, the first layer's working set)."""
     kept, layer, head = activation_bytes(shape, s)
     return max(kept + max(head, layer + head_grad_bytes), grad_bytes + layer)
+
+
+def full_state_bytes(deepspeed: bool, precision: str, weight_dtype: str) -> tuple[int, int, int]:
+    """Bytes per parameter of full fine-tuning's weights, gradients and AdamW state as launchgen's trainers hold
+    them: DeepSpeed keeps bf16/fp16 weights and gradients with fp32 master weights and moments (fp32: 4 + 4 + 8),
+    DDP/FSDP2 every tensor in the loaded dtype with the two moments in it too."""
+    if deepspeed:
+        return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+    w = DTYPE_BYTES[weight_dtype]
+    return w, w, 2 * w
+
+
+def checkpoint_bytes_per_param(deepspeed: bool, precision: str, weight_dtype: str) -> int:
+    """What one full fine-tuning checkpoint holds per parameter: the weights and the optimizer state (no
+    gradients)."""
+    pw, _, ow = full_state_bytes(deepspeed, precision, weight_dtype)
+    return pw + ow
 
 
 def trainer_estimate(shape: ModelShape, s: TrainerSetup, gpu_gib: float | None) -> RoleEstimate:
@@ -397,11 +417,7 @@ def trainer_estimate(shape: ModelShape, s: TrainerSetup, gpu_gib: float | None) 
         notes.append(f"LoRA r={s.lora_r}: {(adapters + saved) / 1e6:.1f} M trainable of {total / 1e9:.2f} B "
                      "parameters")
     else:
-        if deepspeed:
-            # ZeRO: bf16/fp16 weights and gradients, fp32 master weights and moments (fp32: 4 + 4 + 8)
-            pw, gw, ow = (4, 4, 8) if s.precision == "fp32" else (2, 2, 12)
-        else:
-            pw, gw, ow = w, w, 2 * w
+        pw, gw, ow = full_state_bytes(deepspeed, s.precision, s.weight_dtype)
         on_cpu_params = s.offload_params and shard_params
         parts.append(Part("weights" + (" (on CPU)" if on_cpu_params else ""),
                           0.0 if on_cpu_params else total * pw / (n if shard_params else 1) / GIB))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,8 @@ class Ev:
     EXIT = "exit"
     PREFLIGHT = "preflight"
     HEALTH_TIMEOUT = "health_timeout"  # the words of server_failed: never healthy,
-    HEALTH_LOST = "health_lost"  # or healthy once, then silent for the supervisor's bound
+    HEALTH_LOST = "health_lost"  # or healthy once, then silent for the supervisor's bound,
+    UNHEALTHY = "unhealthy"  # or healthy once, then answering /health with an error status (a dead engine)
 
 
 @dataclass(frozen=True)
@@ -243,9 +244,10 @@ _KINDS = (
     EventKind(Ev.TRAINER_START, ("nodes",), doc="the trainer step is started on these nodes"),
     EventKind(Ev.SERVER_HEALTHY, ("after", "replica"),
               doc="the health URL answered 200, `after=<s>s` into the attempt (of replica `<k>`, if several)"),
-    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT, Ev.HEALTH_LOST),
+    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT, Ev.HEALTH_LOST, Ev.UNHEALTHY),
               doc="the server (replica `<k>`, if several) died (`exit=<status>`), never became healthy "
-              "(`health_timeout`), or stopped answering /health after it was healthy (`health_lost`)"),
+              "(`health_timeout`), stopped answering /health after it was healthy (`health_lost`), or answered it "
+              "with an error status several probes in a row (`unhealthy`: vLLM answers 503 once its engine died)"),
     EventKind(Ev.REPLICA_RESTART, ("replica", "restart", "exit"),
               doc="vllm.restart_replicas: replica `<k>` died (`exit=<status>`) and its step starts again "
               "(`restart=<n>`, counted per replica and attempt)"),
@@ -357,6 +359,13 @@ class CompletionMarker:
 RECORD_VERSION = 1
 
 
+def _at_run_time(writer: str, kind: type = str) -> Any:
+    """A field the job learns at run time (None in the static record). `writer`: the Python expression the
+    compute node's record writer (`RUN_RECORD_WRITER`) fills it with, in the writer's names (`env`, `plan`,
+    `attempt`, `logs`, `os`, `time`); `kind`: the JSON type a reader accepts (another reads as absent)."""
+    return field(default=None, metadata={"writer": writer, "kind": kind})
+
+
 @dataclass
 class RunRecord:
     """launchgen-plan.json: the static plan (`Plan.to_json`, in `plan`) plus what the attempt learned at run
@@ -364,19 +373,19 @@ class RunRecord:
 
     plan: dict[str, Any]
     version: int = RECORD_VERSION
-    scheduler: str | None = None
-    job_id: str | None = None
-    attempt: int | None = None
-    restart_count: int | None = None
-    job_dir: str | None = None
-    log_dir: str | None = None
-    server_host: str | None = None
-    port_offset_value: int | None = None
-    pid_dir: str | None = None
+    scheduler: str | None = _at_run_time('env["LG_SCHEDULER"]')
+    job_id: str | None = _at_run_time('env["LG_JOB_ID"]')
+    attempt: int | None = _at_run_time("int(attempt)", int)
+    restart_count: int | None = _at_run_time('int(env["LG_RESTART_COUNT"])', int)
+    job_dir: str | None = _at_run_time('env["LG_JOB_DIR"]')
+    log_dir: str | None = _at_run_time('env["LG_LOG_DIR"]')
+    server_host: str | None = _at_run_time('env.get("LG_SERVER_HOST")')
+    port_offset_value: int | None = _at_run_time('int(env["LG_PORT_OFFSET"])', int)
+    pid_dir: str | None = _at_run_time(f'env["{ENV_PID_DIR}"]')
     #: {"server": {node: path}, "trainer": {node: path}, "events": path, "signal": path, "batch": path}
-    logs: dict[str, Any] | None = None
-    complete_marker: str | None = None
-    started_at: str | None = None
+    logs: dict[str, Any] | None = _at_run_time("logs", dict)  # noqa: RUF009 (a field(), its default None)
+    complete_marker: str | None = _at_run_time('os.path.join(env["LG_JOB_DIR"], plan["layout"]["complete_marker"])')
+    started_at: str | None = _at_run_time(f'time.strftime("{EVENT_TIME_FORMAT}", time.gmtime())')
 
     def to_json(self) -> dict[str, Any]:
         out = {**self.plan, "record_version": self.version}
@@ -384,17 +393,16 @@ class RunRecord:
         return out
 
     def _runtime(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("plan", "version")}
+        return {f.name: getattr(self, f.name) for f in run_time_fields()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
         """Tolerant: a field of the wrong type reads as absent (a hand-edited or older file still shows)."""
-        kinds = {"attempt": int, "restart_count": int, "port_offset_value": int, "logs": dict}
         runtime: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in ("plan", "version") or f.name not in data:
+        for f in run_time_fields():
+            if f.name not in data:
                 continue
-            v, want = data[f.name], kinds.get(f.name, str)
+            v, want = data[f.name], f.metadata["kind"]
             ok = isinstance(v, want) and not isinstance(v, bool)
             runtime[f.name] = v if ok else None
         plan = {k: v for k, v in data.items() if k not in runtime and k != "record_version"}
@@ -435,9 +443,16 @@ class RunRecord:
         return v if isinstance(v, str) else None
 
 
+def run_time_fields() -> tuple[Field[Any], ...]:
+    """RunRecord's fields the job fills in at run time, in declaration order."""
+    return tuple(f for f in fields(RunRecord) if "writer" in f.metadata)
+
+
 #: The program the job script runs with the node's `python3` at the start of every attempt: the static record
 #: (argv[1]) + the attempt's node names, ports, log paths -> launchgen-plan.json (argv[2]) and a copy in the
-#: attempt's log folder. Standard library only; it reads the names above from the static record's layout.
+#: attempt's log folder. Standard library only (the node's python3 need not have launchgen); it reads the names
+#: above from the static record's layout. The record's run-time keys and their values are `RunRecord`'s
+#: (`_at_run_time`), written out here one per line, so the writer cannot fill a key the reader does not know.
 RUN_RECORD_WRITER = """\
 import json, os, sys, time
 plan = json.load(open(sys.argv[1]))
@@ -458,25 +473,21 @@ logs["signal"] = os.path.join(env["LG_JOB_DIR"], plan["layout"]["signal_log"].fo
 if env.get("LG_SCHEDULER") == "sbatch":
     logs["batch"] = os.path.join(env.get("SLURM_SUBMIT_DIR", "."), plan["layout"]["batch_log"].replace("%j", env["LG_JOB_ID"]))
 plan.update({
-    "scheduler": env["LG_SCHEDULER"], "job_id": env["LG_JOB_ID"], "attempt": int(attempt),
-    "restart_count": int(env["LG_RESTART_COUNT"]), "job_dir": env["LG_JOB_DIR"], "log_dir": env["LG_LOG_DIR"],
-    "server_host": env.get("LG_SERVER_HOST"), "port_offset_value": int(env["LG_PORT_OFFSET"]),
-    "pid_dir": env["@ENV_PID_DIR@"], "logs": logs,
-    "complete_marker": os.path.join(env["LG_JOB_DIR"], plan["layout"]["complete_marker"]),
-    "started_at": time.strftime("@TIME_FORMAT@", time.gmtime()),
-})
+@FIELDS@})
 text = json.dumps(plan, indent=2, sort_keys=True) + "\\n"
 for path in (sys.argv[2], os.path.join(env["LG_LOG_DIR"], "@PLAN_FILE@")):
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
-""".replace("@PLAN_FILE@", PLAN_FILE).replace("@ENV_PID_DIR@", ENV_PID_DIR).replace("@TIME_FORMAT@", EVENT_TIME_FORMAT)
+""".replace("@PLAN_FILE@", PLAN_FILE).replace(
+    "@FIELDS@", "".join(f'    "{f.name}": {f.metadata["writer"]},\n' for f in run_time_fields()))
 
 
 def template_context() -> dict[str, Any]:
     """What `render` gives the templates, so the scripts write the names declared here."""
     return {
-        "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT, "health_lost": Ev.HEALTH_LOST},
+        "ev": {name: name for name in EVENTS} | {"health_timeout": Ev.HEALTH_TIMEOUT, "health_lost": Ev.HEALTH_LOST,
+                                                   "unhealthy": Ev.UNHEALTHY},
         "exit_config": EXIT_CONFIG,
         "plan_file": PLAN_FILE,
         "event_time_format": EVENT_TIME_FORMAT,

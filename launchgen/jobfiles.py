@@ -76,6 +76,9 @@ def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
     if J.Ev.HEALTH_LOST in e.words:
         return Seen.SERVER_DIED, "server", {"message": "stopped answering /health after it was healthy (hung): "
                                                        "the supervisor stopped everything"}
+    if J.Ev.UNHEALTHY in e.words:
+        return Seen.SERVER_DIED, "server", {"message": "answered /health with an error status after it was healthy "
+                                                       "(vLLM: its engine died): the supervisor stopped everything"}
     return Seen.SERVER_DIED, "server", {"exit_code": e.fields.get("exit")}
 
 
@@ -259,7 +262,7 @@ def local_job_dir(explicit: str | Path | None) -> Path:
         if J.is_job_dir(cand):
             return cand
     raise StatusError(f"no job directory of a local run here ({here}) nor in launchgen-runs/{J.LOCAL_JOB_ID}/: "
-                      "run `launchgen status local` in the job directory, or pass --job-dir")
+                      "run the command in the job directory, or pass --job-dir")
 
 
 # ------------------------------------------------------------------------------------------ reading it ---

@@ -47,10 +47,9 @@ import hashlib
 import json
 from typing import Any
 
-import yaml
-
 from launchgen import __version__
 from launchgen import ports as ports_rule
+from launchgen import scriptvars as V
 from launchgen.accelerate_config import accelerate_config
 from launchgen.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.hetjob import SERVER_GROUP, TRAINER_GROUP, is_hetjob, server_overrides
@@ -93,7 +92,7 @@ from launchgen.replicas import place as replica_places
 from launchgen.reserved import is_reserved
 from launchgen.spec import Spec
 from launchgen.trainer_config import build_trainer_config, resolve_trainer_config
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.config import TrainerConfig, yaml_text
 from launchgen.trainers.configs import CONFIGS
 from launchgen.trainers.trl.config import TrlRunConfig
 
@@ -163,7 +162,7 @@ def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
     lay = lay or resolve_layout(spec)
     _, server_pos = node_layout(spec, lay)
     ports: list[Port] = [
-        Port("main_process", t.main_process_port, "LG_MAIN_PROCESS_PORT", 0, "trainer rank 0 (torch rendezvous)",
+        Port("main_process", t.main_process_port, V.LG_MAIN_PROCESS_PORT, 0, "trainer rank 0 (torch rendezvous)",
              "every trainer process", "train.main_process_port"),
     ]
     if v is not None and v.mode == "server":
@@ -172,17 +171,17 @@ def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
         leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
         for k, leader in enumerate(leaders):
             sfx, of = ("", "") if k == 0 else (f"_R{k}", f" replica {k}")
-            ports.append(Port("server_http", ports_rule.replica_port(v.port, k), "LG_SERVER_PORT" + sfx, leader,
+            ports.append(Port("server_http", ports_rule.replica_port(v.port, k), V.LG_SERVER_PORT + sfx, leader,
                               f"vllm serve{of} (HTTP API)", "trainer rank 0 and the supervisor", "vllm.port", k))
-            ports.append(Port("group", ports_rule.replica_port(v.group_port, k), "LG_GROUP_PORT" + sfx, 0,
+            ports.append(Port("group", ports_rule.replica_port(v.group_port, k), V.LG_GROUP_PORT + sfx, 0,
                               f"trainer rank 0 (NCCL weight-transfer rendezvous{of})", "every server worker",
                               "vllm.group_port", k))
             if lay.multi_node_dp:
-                ports.append(Port("dp_rpc", ports_rule.replica_port(v.dp_rpc_port, k), "LG_DP_RPC_PORT" + sfx,
+                ports.append(Port("dp_rpc", ports_rule.replica_port(v.dp_rpc_port, k), V.LG_DP_RPC_PORT + sfx,
                                   leader, f"vllm serve{of} (DP coordinator)", "headless server nodes",
                                   "vllm.dp_rpc_port", k))
     if v is not None and v.mode == "colocate":
-        ports.append(Port("colocate_master", t.colocate_master_port, "LG_COLOCATE_MASTER_PORT", 0,
+        ports.append(Port("colocate_master", t.colocate_master_port, V.LG_COLOCATE_MASTER_PORT, 0,
                           "trainer rank 0 (vLLM external launcher)", "every trainer process",
                           "train.colocate_master_port"))
     return tuple(ports)
@@ -321,7 +320,7 @@ def build_plan(loaded: LoadedSpec) -> Plan:
                       s.cpus_per_task, _het_directives(spec, lay, plan_cpus))
     h = spec_hash(spec)
     spec_yaml = (f"# resolved by launchgen {__version__}; sha256 {h}\n"
-                 + yaml.safe_dump(spec_dump(spec), sort_keys=False))
+                 + yaml_text(spec_dump(spec), sort_keys=False))
     return Plan(
         version=__version__, source=loaded.path, spec=spec, spec_yaml=spec_yaml, spec_hash=h,
         job_name=spec.job.name, num_nodes=lay.num_nodes, gpus_per_node=s.gpus_per_node, device=spec.train.device,
@@ -337,27 +336,27 @@ def build_plan(loaded: LoadedSpec) -> Plan:
 def _endpoints(lay: Layout, gpus: GpuAssignment) -> tuple[Endpoint, ...]:
     """Who connects to which port on which node (the plan view's table)."""
     first = gpus.trainer_positions[0]
-    endpoints = [Endpoint("trainer processes", first, "main_process", Ref("LG_MAIN_PROCESS_IP"),
+    endpoints = [Endpoint("trainer processes", first, "main_process", Ref(V.LG_MAIN_PROCESS_IP),
                           "torch/accelerate rendezvous")]
     places = replica_places(lay, lay.replicas) if lay.mode == "server" else None
     for rp in places or ():
         what, sfx = ("", "") if lay.replicas == 1 else (f" (replica {rp.index})", f"_R{rp.index}" if rp.index else "")
         endpoints += [
-            Endpoint("trainer rank 0, supervisor", rp.positions[0], "server_http", Ref("LG_SERVER_HOST" + sfx),
+            Endpoint("trainer rank 0, supervisor", rp.positions[0], "server_http", Ref(V.LG_SERVER_HOST + sfx),
                      "generation requests, weight-update control, /health" + what),
-            Endpoint("server workers" + what, first, "group", Ref("LG_MAIN_PROCESS_IP"),
+            Endpoint("server workers" + what, first, "group", Ref(V.LG_MAIN_PROCESS_IP),
                      "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
         ]
         if lay.multi_node_dp:
             endpoints.append(Endpoint("headless server nodes" + what, rp.positions[0], "dp_rpc",
-                                      Ref("LG_DP_ADDRESS"), "vLLM data-parallel coordination"))
+                                      Ref(V.LG_DP_ADDRESS), "vLLM data-parallel coordination"))
     if lay.mode == "colocate":
         endpoints.append(Endpoint("trainer processes (vLLM)", first, "colocate_master",
-                                  Ref("LG_MAIN_PROCESS_IP"), "vLLM external-launcher rendezvous"))
+                                  Ref(V.LG_MAIN_PROCESS_IP), "vLLM external-launcher rendezvous"))
     return tuple(endpoints)
 
 
-def _server_common_argv(spec: Spec, lay: Layout, dp_rpc_var: str = "LG_DP_RPC_PORT") -> list[Word]:
+def _server_common_argv(spec: Spec, lay: Layout, dp_rpc_var: str = V.LG_DP_RPC_PORT) -> list[Word]:
     """The `vllm serve` words every server node runs (the leader adds host and port, the others --headless)."""
     v = spec.vllm
     assert v is not None
@@ -372,7 +371,7 @@ def _server_common_argv(spec: Spec, lay: Layout, dp_rpc_var: str = "LG_DP_RPC_PO
         common += ["--data-parallel-size", str(dp)]
     if lay.multi_node_dp:
         common += ["--data-parallel-size-local", str(lay.data_parallel_size_local), "--data-parallel-address",
-                   Ref("LG_DP_ADDRESS"), "--data-parallel-rpc-port", Ref(dp_rpc_var)]
+                   Ref(V.LG_DP_ADDRESS), "--data-parallel-rpc-port", Ref(dp_rpc_var)]
     if v.device == "cuda":
         common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
     if v.kv_cache_memory_bytes is not None:
@@ -422,7 +421,7 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
     assert v is not None
     sfx = "" if rp.index == 0 else f"_R{rp.index}"  # its script variables (ReplicaPlan.var)
     dp, dp_local = lay.data_parallel_size, lay.data_parallel_size_local
-    common = _server_common_argv(spec, lay, "LG_DP_RPC_PORT" + sfx)
+    common = _server_common_argv(spec, lay, V.LG_DP_RPC_PORT + sfx)
     commands = []
     for k, pos in enumerate(rp.positions):
         if k == 0:
@@ -430,7 +429,7 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
             if dp > 1:
                 # vLLM defaults to one API server per DP rank; only one would carry the dev routes
                 argv += ["--api-server-count", "1"]
-            argv += ["--host", Ref("LG_SERVER_BIND"), "--port", Ref("LG_SERVER_PORT" + sfx)]
+            argv += ["--host", Ref(V.LG_SERVER_BIND), "--port", Ref(V.LG_SERVER_PORT + sfx)]
         else:
             argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
         argv += list(v.extra_args)
@@ -447,29 +446,29 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
 
 def _trl_overrides(mode: str) -> list[Override]:
     """A TRL trainer's run config (`launchgen.trainers.trl.config`): TRL's output_dir and the `server` section."""
-    overrides = [Override("args.output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "args.output_dir="))]
+    overrides = [Override("args.output_dir", Ref(V.LG_TRAINER_OUTPUT_YAML, "args.output_dir="))]
     if mode == "server":
         overrides += [
-            Override("server.host", Ref("LG_SERVER_HOST_YAML", "server.host=")),
-            Override("server.port", Ref("LG_SERVER_PORT", "server.port=")),
-            Override("server.group_port", Ref("LG_GROUP_PORT", "server.group_port=")),
+            Override("server.host", Ref(V.LG_SERVER_HOST_YAML, "server.host=")),
+            Override("server.port", Ref(V.LG_SERVER_PORT, "server.port=")),
+            Override("server.group_port", Ref(V.LG_GROUP_PORT, "server.group_port=")),
         ]
     return overrides
 
 
 def _trainer_overrides(mode: str, replicas: int = 1) -> list[Override]:
     """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
-    overrides = [Override("output_dir", Ref("LG_TRAINER_OUTPUT_YAML", "output_dir="))]
+    overrides = [Override("output_dir", Ref(V.LG_TRAINER_OUTPUT_YAML, "output_dir="))]
     if mode == "server":
         overrides += [
-            Override("generation.vllm_server.host", Ref("LG_SERVER_HOST_YAML", "generation.vllm_server.host=")),
-            Override("generation.vllm_server.port", Ref("LG_SERVER_PORT", "generation.vllm_server.port=")),
+            Override("generation.vllm_server.host", Ref(V.LG_SERVER_HOST_YAML, "generation.vllm_server.host=")),
+            Override("generation.vllm_server.port", Ref(V.LG_SERVER_PORT, "generation.vllm_server.port=")),
             Override("generation.vllm_server.group_port",
-                     Ref("LG_GROUP_PORT", "generation.vllm_server.group_port=")),
+                     Ref(V.LG_GROUP_PORT, "generation.vllm_server.group_port=")),
         ]
         if replicas > 1:
             overrides.append(Override("generation.vllm_server.replicas",
-                                      Ref("LG_REPLICAS_YAML", "generation.vllm_server.replicas=")))
+                                      Ref(V.LG_REPLICAS_YAML, "generation.vllm_server.replicas=")))
     return overrides
 
 
@@ -496,12 +495,12 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
     overrides = (_trl_overrides(lay.mode) if isinstance(config, TrlRunConfig)
                  else _trainer_overrides(lay.mode, lay.replicas))
     targv: list[Word] = [
-        "accelerate", "launch", "--config_file", Ref("LG_ACCELERATE_CONFIG"),
+        "accelerate", "launch", "--config_file", Ref(V.LG_ACCELERATE_CONFIG),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),
-        "--machine_rank", Ref("LG_MACHINE_RANK"), "--main_process_ip", Ref("LG_MAIN_PROCESS_IP"),
-        "--main_process_port", Ref("LG_MAIN_PROCESS_PORT"),
+        "--machine_rank", Ref(V.LG_MACHINE_RANK), "--main_process_ip", Ref(V.LG_MAIN_PROCESS_IP),
+        "--main_process_port", Ref(V.LG_MAIN_PROCESS_PORT),
         # launchgen.rank runs the trainer module and records its pid and exit status (see launchgen/rank.py)
-        "-m", "launchgen.rank", module, "--config", Ref("LG_TRAINER_CONFIG"),
+        "-m", "launchgen.rank", module, "--config", Ref(V.LG_TRAINER_CONFIG),
     ]
     for o in overrides:
         targv += ["--set", o.value]
@@ -521,7 +520,7 @@ def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
         argv=tuple(targv), env=tenv, unset_env=("VLLM_SERVER_DEV_MODE",), container=container,
         het_group=TRAINER_GROUP if is_hetjob(spec) else None,
         overrides=tuple(overrides), accelerate_config=acc,
-        accelerate_config_yaml=yaml.safe_dump(acc, sort_keys=True), config=config,
+        accelerate_config_yaml=yaml_text(acc, sort_keys=True), config=config,
         config_yaml="# output_dir, the server host and the ports are replaced at run time (--set)\n"
         + config.to_yaml(),
         colocate=lay.mode == "colocate",

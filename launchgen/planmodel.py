@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from launchgen import ports
+from launchgen import ports, scriptvars
 from launchgen.issues import Issue
 from launchgen.jobdir import EXIT_PREEMPTED, EXIT_SERVER_FAILED, RunRecord
 from launchgen.jobdir import Layout as JobLayout
@@ -24,6 +24,10 @@ from launchgen.trainers.trl.config import TrlRunConfig
 MAX_PORT_OFFSET = ports.MAX_OFFSET
 #: Seconds between TERM and KILL when one side is stopped.
 STOP_GRACE_S = 30
+#: The same for a server the supervisor found dead or hung after it was healthy: it has nothing to shut down
+#: cleanly, and vLLM's API server with a dead engine and a request in flight ignores TERM (uvicorn waits for the
+#: connection) while the trainer's request waits on it.
+FAILED_SERVER_GRACE_S = 5
 #: Timeout of one /health request of the supervisor.
 HEALTH_REQUEST_TIMEOUT_S = 5
 #: The trainer's own /health wait is longer than vllm.health_timeout by this much, so that the supervisor, which
@@ -36,36 +40,14 @@ POLL_INTERVAL_S = 1
 #: timeout (generation.vllm_server.request_timeout, 600 s by default).
 HEALTH_LOST_S = 60
 
-#: Variables the rendered scripts set; a Ref names one of these (or replica k's copy of one, with `_R<k>` appended).
-RUNTIME_VARS: dict[str, str] = {
-    "LG_JOB_DIR": "absolute job directory (job.output_dir with %j replaced)",
-    "LG_LOG_DIR": "$LG_JOB_DIR/logs/attempt-<N>",
-    "LG_NODE": "this node's name (SLURMD_NODENAME; `local` under --bash) [step]",
-    "LG_NODE_ADDR": "this node's cluster address (getent ahostsv4; 127.0.0.1 under --bash) [step]",
-    "LG_MACHINE_RANK": "index of this node among the trainer nodes [trainer step]",
-    "LG_SERVER_HOST": "address trainers and the supervisor use to reach the server",
-    "LG_SERVER_HOST_YAML": "LG_SERVER_HOST as a YAML single-quoted scalar [trainer step]",
-    "LG_SERVER_BIND": "address `vllm serve --host` binds [server step]",
-    "LG_DP_ADDRESS": "address of the first server node (vLLM DP coordinator) [server step]",
-    "LG_SERVER_PORT": "vllm.port + offset",
-    "LG_REPLICAS_YAML": "every replica's host, port and group port as a YAML list (vllm.replicas > 1) [trainer step]",
-    "LG_GROUP_PORT": "vllm.group_port + offset",
-    "LG_MAIN_PROCESS_PORT": "train.main_process_port + offset",
-    "LG_COLOCATE_MASTER_PORT": "train.colocate_master_port + offset",
-    "LG_DP_RPC_PORT": "vllm.dp_rpc_port + offset",
-    "LG_MAIN_PROCESS_IP": "name of trainer node 0 (127.0.0.1 under --bash)",
-    "LG_ACCELERATE_CONFIG": "$LG_JOB_DIR/accelerate.yaml",
-    "LG_TRAINER_CONFIG": "$LG_JOB_DIR/trainer.yaml",
-    "LG_TRAINER_OUTPUT_YAML": "$LG_JOB_DIR/trainer as a YAML single-quoted scalar",
-    "LG_SUBMIT_DIR": "the directory the job was submitted from (mounted into containers) [with a container]",
-    "LG_HF_CACHE": "HF_HOME, default ~/.cache/huggingface (mounted into containers) [with a container]",
-}
+#: Variables the rendered scripts set that a Ref may name (or replica k's copy of one, with `_R<k>` appended);
+#: declared with the script's other variables in `launchgen.scriptvars`.
+RUNTIME_VARS: dict[str, str] = scriptvars.ref_vars()
 
 
 def runtime_var_documented(var: str) -> bool:
     """`var` is in RUNTIME_VARS, or is replica k's copy of one (`LG_SERVER_PORT_R1`, see `ReplicaPlan.var`)."""
-    base, sep, k = var.rpartition("_R")
-    return var in RUNTIME_VARS or (bool(sep) and k.isdigit() and base in RUNTIME_VARS)
+    return scriptvars.base_name(var) in RUNTIME_VARS
 
 
 @dataclass(frozen=True)
@@ -309,6 +291,7 @@ class Plan:
     slurm: SlurmPlan
     vllm_mode: Literal["server", "colocate", "none"]
     stop_grace: int = STOP_GRACE_S
+    failed_server_grace: int = FAILED_SERVER_GRACE_S
     #: after USR2, a trainer still running this long (half the signal grace: e.g. USR2 came while it was still
     #: loading and had no pid file yet) is stopped with TERM, so the job can still requeue before the limit
     usr2_stop_after: int = 0

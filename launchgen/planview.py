@@ -13,7 +13,6 @@ import shlex
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 from launchgen import tables
 from launchgen.jobdir import ENV_PID_DIR
@@ -210,7 +209,7 @@ def gpu_map_compact(plan: Plan, table: Table | None = None) -> list[list[str]]:
     """The GPU map one node a record, runs of GPUs as whole items: what a narrow console gets instead of the
     table (a GPU column each does not fit 80 columns on an 8-GPU node). `table`: the plan's `gpu_map`."""
     table = table if table is not None else gpu_map(plan)
-    cols = [[Text.from_markup(c).plain if isinstance(c, str) else str(c) for c in col.cells] for col in table.columns]
+    cols = [[tables.plain_text(c) for c in col.cells] for col in table.columns]
     rows = []
     for r in range(len(cols[0]) if cols else 0):
         node, roles, gpus = cols[0][r], cols[1][r], [col[r] for col in cols[2:]]

@@ -18,6 +18,7 @@ from typing import Any
 
 from launchgen import jobdir as J
 from launchgen.allocprobe import CODES as PREFLIGHT_CODES
+from launchgen.allocprobe import STEP_TIMEOUT_S as PREFLIGHT_STEP_TIMEOUT_S
 from launchgen.jobfiles import Event, JobDirContents, RoleLog, Seen, find_batch_log, read_job_dir, tail
 from launchgen.slurmquery import SchedulerInfo, StepInfo
 
@@ -298,11 +299,19 @@ def _event_notes(f: _Facts) -> list[str]:
             notes.append(f"preflight passed in {pf.raw.get('seconds', '?')} s")
         else:
             codes = str(pf.raw.get("codes", "?"))
-            meaning = "; ".join(f"{c} {PREFLIGHT_CODES.get(c, '?')}" for c in codes.split(","))
+            meaning = "; ".join(f"{c} {PREFLIGHT_CODES[c]}" if c in PREFLIGHT_CODES else _PREFLIGHT_NO_CODE.get(c, c)
+                                for c in codes.split(","))
             notes.append(f"preflight failed before any model loaded: {meaning} (logs/attempt-<N>/preflight-<node>.log)")
     for sig in (e for e in f.events if e.event == Seen.SIGNAL):
         notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} ({_SIGNAL_MEANS.get(sig.signal or '', 'stopped everything')})")
     return notes
+
+
+#: The preflight event's `codes` when no probe reported one (templates/partials/preflight.j2).
+_PREFLIGHT_NO_CODE = {
+    "timeout": f"the step did not finish within {PREFLIGHT_STEP_TIMEOUT_S} s (a node's srun or probe hung)",
+    "none": "the step failed before any probe reported (srun could not start it, or it was killed)",
+}
 
 
 #: What the script did on each signal it records (launchgen.jobdir's `usr2` and `signal` events).

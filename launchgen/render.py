@@ -20,7 +20,7 @@ from typing import Any
 import jinja2
 import jinja2.bccache
 
-from launchgen import allocprobe, jobdir, ports
+from launchgen import allocprobe, jobdir, ports, preflightfacts, scriptvars
 from launchgen.issues import SpecError
 from launchgen.plan import Plan, Ref, Word, bash_issues
 from launchgen.schedulers import SchedulerName, SchedulerProfile, profile
@@ -61,7 +61,7 @@ def comment(value: object) -> str:
 
 def heredoc_delimiter(content: str) -> str:
     # derived from the content, so the content cannot contain its own terminator line
-    return "LAUNCHGEN_EOF_" + hashlib.sha256(content.encode()).hexdigest()[:16].upper()
+    return scriptvars.EOF_PREFIX + hashlib.sha256(content.encode()).hexdigest()[:16].upper()
 
 
 def heredoc(path_expr: str, content: str) -> str:
@@ -173,6 +173,7 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     files.update(render_steps(plan, scheduler))
     if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3
         files["steps/preflight.py"] = allocprobe.source()
+        files["steps/preflight.json"] = preflightfacts.facts_json(plan)
     return files
 
 

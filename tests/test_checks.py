@@ -279,6 +279,10 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
      "num_generation:", 1, "error"),
     ("LG920", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
                "train": {"trainer": "trl.async_grpo"}}, "vllm.mode", "mode: colocate", 1, "error"),
+    ("LG920", {"model": {"dtype": "float32"}, "vllm": {"device": "cpu", "gpus": DELETE, "tensor_parallel_size": 1},
+               "train": {"trainer": "trl.async_grpo", "device": "cpu"}}, "train.device", "device: cpu", 2, "error"),
+    ("LG920", {"train": {"trainer": "trl.async_grpo", "attn_implementation": "sdpa"}}, "train.attn_implementation",
+     "attn_implementation: sdpa", 1, "error"),
     ("LG921", {"train": {"trainer": "trl.grpo", "args": {"vllm_mode": "colocate"}}}, "train.args.vllm_mode",
      "vllm_mode: colocate", 1, "error"),
     ("LG922", {"train": {"script": "train.py"}}, "train.trainer", "trainer: grpo", 1, "error"),
@@ -494,6 +498,10 @@ def test_a_raw_train_args_read_of_a_path_no_trainer_has_fails(model_dir: Path) -
     assert ctx.arg("generation.importance_sampling.enabled", True) is True  # a real path: the default
     with pytest.raises(KeyError, match="no trainer's config has this field"):
         ctx.arg("generation.importance_sampling.enabeld")
+    # the typed reader too: a typo would otherwise read as an unset field (None)
+    assert ctx.value("generation.importance_sampling.enabled") is not None
+    with pytest.raises(KeyError, match="no trainer's config has this field"):
+        ctx.value("generation.importance_sampling.enabeld")
 
 
 def test_a_config_refusal_hidden_behind_a_file_error_builds_no_plan(tmp_path: Path,

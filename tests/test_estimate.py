@@ -186,6 +186,16 @@ def test_activations_follow_checkpointing_and_passes() -> None:
     assert all(p.rough for p in on.parts if p.name.startswith("activations"))
 
 
+def test_a_short_pass_holds_logit_tiles_of_its_own_size_not_the_chunk() -> None:
+    """The tiny test model: 416 tokens x 512 vocabulary are 0.85 MB of fp32 logits, far below the 256 MiB chunk
+    (the bound was 1 GiB of tiles for a 2 MB model)."""
+    shape = ModelShape(64, 2, 4, 2, 128, 512, tie_word_embeddings=False, qkv_bias=True)
+    s = TrainerSetup(backend="ddp", processes=1, precision="fp32", weight_dtype="float32", rows=16,
+                     prompt_tokens=20, completion_tokens=6)
+    acts = sum(p.gib for p in trainer_estimate(shape, s, None).parts if p.name.startswith("activations")) * GIB
+    assert 4 * 416 * 512 * 4 <= acts < 8 << 20
+
+
 @pytest.mark.parametrize(("name", "key", "lora", "gc", "full", "measured"), [
     # benchmarks/RESULTS.md, "Memory estimate vs measured peaks" (H200, 2026-12-04): max_memory_allocated
     ("config 1", (896, 24, 14, 2, 4864, 32768, 256), False, True, False, 3.94),

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tools import tool
 
-from launchgen import directives, specfiles
+from launchgen import directives
 
 
 def _spec(tmp: Path, **patch: Any) -> Path:
@@ -78,7 +78,20 @@ def test_data_and_model_config_that_are_fifos_do_not_hang_check(tmp_path: Path, 
     assert "Traceback" not in out, out
 
 
+def test_a_trl_script_that_is_not_a_regular_file_is_refused_not_called_missing(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    os.mkfifo(script)
+    spec = _spec(tmp_path, train={"trainer": "trl.grpo", "script": str(script), "args": {}})
+    r = _launchgen(tmp_path, "check", str(spec))
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "LG922" in out and "a FIFO, not a regular file" in out, out
+    assert "does not exist" not in out and "Traceback" not in out, out
+
+
 def test_specfiles_reads_regular_files_up_to_the_limit_only(tmp_path: Path, fifo: Path) -> None:
+    # imported here, not at the top: the CLI tests above must run (and fail) on 3388ad8, which has no specfiles
+    from launchgen import specfiles
+
     f = tmp_path / "c.json"
     f.write_text("x" * 10)
     assert specfiles.read_text(f, limit=10) == "x" * 10

@@ -115,8 +115,13 @@ def test_static_record_round_trips() -> None:
 
 
 def test_the_scripts_writer_produces_a_record_the_reader_reads(tmp_path: Path) -> None:
-    """RUN_RECORD_WRITER as the job runs it (plain python3, the attempt's environment)."""
+    """The record writer as the rendered job runs it (its heredoc, plain python3, the attempt's environment)
+    writes a record that reads back as `RunRecord` with every run-time field filled."""
     plan = plan_for("single-node-split")
+    script = render_script(plan, "sbatch")
+    writer = script.split("<<'LAUNCHGEN_PY' || lg_log \"could not write", 1)[1].split("\n", 1)[1]
+    writer = writer.split("\nLAUNCHGEN_PY\n", 1)[0] + "\n"
+    assert writer == J.RUN_RECORD_WRITER
     static = tmp_path / J.STATIC_PLAN_FILE
     static.write_text(json.dumps(plan.to_json()))
     log_dir = tmp_path / J.DEFAULT_LAYOUT.log_dir.format(attempt=1)
@@ -127,7 +132,7 @@ def test_the_scripts_writer_produces_a_record_the_reader_reads(tmp_path: Path) -
            J.ENV_PID_DIR: str(tmp_path / "run")}
     env |= {p.var: str(p.base) for p in plan.ports}
     out = tmp_path / J.PLAN_FILE
-    subprocess.run(["python3", "-", str(static), str(out)], input=J.RUN_RECORD_WRITER, text=True, env=env,
+    subprocess.run(["python3", "-", str(static), str(out)], input=writer, text=True, env=env,
                    check=True)
     data = json.loads(out.read_text())
     assert json.loads((log_dir / J.PLAN_FILE).read_text()) == data
@@ -141,7 +146,8 @@ def test_the_scripts_writer_produces_a_record_the_reader_reads(tmp_path: Path) -
     assert rec.complete_marker == str(tmp_path / layout.complete_marker)
     assert rec.to_json() == data
     unset = [f.name for f in dataclasses.fields(rec) if getattr(rec, f.name) is None]
-    assert unset == [], f"the writer does not fill {unset}: RUN_RECORD_WRITER and RunRecord disagree"
+    assert unset == [], f"the writer does not fill {unset}"
+    assert [f.name for f in J.run_time_fields()] == [f.name for f in dataclasses.fields(rec)][2:]
     assert not set(data) - set(plan.to_json()) - {f.name for f in dataclasses.fields(rec)}, "keys only the writer knows"
 
 

@@ -110,3 +110,13 @@ def test_a_failed_preflight_is_named_with_its_codes(tmp_path: Path) -> None:
                         (J.Ev.EXIT, (), {"status": 1})])
     st = analyse("5", _info("FAILED", 1), "off", [], d)
     assert any("preflight failed before any model loaded: PF101" in n and "PF104" in n for n in st.notes), st.notes
+
+
+@pytest.mark.parametrize(("codes", "says"), [("timeout", "did not finish within 90 s"),
+                                             ("none", "failed before any probe reported")])
+def test_a_preflight_that_reported_no_code_says_why(tmp_path: Path, codes: str, says: str) -> None:
+    d = _job(tmp_path, [START[0], (J.Ev.PREFLIGHT, (), {"status": "failed", "codes": codes, "seconds": 90}),
+                        (J.Ev.EXIT, (), {"status": 1})])
+    st = analyse("5", _info("FAILED", 1), "off", [], d)
+    note = next(n for n in st.notes if n.startswith("preflight failed"))
+    assert says in note and "?" not in note.split("(logs/")[0], note

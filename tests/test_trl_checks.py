@@ -58,6 +58,11 @@ def test_a_value_equal_to_the_topology_is_accepted_and_a_contradiction_names_bot
     assert {i.path for i in bad} == {"train.args.bf16", "train.args.vllm_server_host"}
     bf16 = next(i for i in bad if i.path == "train.args.bf16")
     assert "train.precision" in bf16.message and "False" in bf16.message
+    # a TRL config brought over with vllm_server_timeout equal to the spec's health_timeout: told of the margin
+    timeout = [i for i in _issues(_spec({"args": {"data": {"path": "d.jsonl"}, "vllm_server_timeout": 900}},
+                                        {**server, "health_timeout": 900})) if i.code == "LG921"]
+    assert [i.path for i in timeout] == ["train.args.vllm_server_timeout"]
+    assert "vllm.health_timeout (+ 60 s) makes it 960.0" in timeout[0].message, timeout[0].message
 
 
 def test_the_plan_embeds_the_run_config_with_what_the_topology_owns() -> None:

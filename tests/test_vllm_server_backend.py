@@ -302,6 +302,33 @@ def test_an_engine_that_dies_during_the_update_fails_the_step_within_seconds(tin
         s.stop()
 
 
+def test_a_rendezvous_the_servers_workers_cannot_reach_fails_within_its_own_timeout_naming_both_ends(
+        tiny_model_dir: Path, logdir: Path) -> None:
+    """The server's workers try an address that leads nowhere (TEST-NET-1, as a wrong VLLM_HOST_IP or route would):
+    the trainer gives up after generation.vllm_server.rendezvous_timeout, not the 300 s control timeout, and says
+    which server and which trainer address:port the workers had to reach."""
+    group_port = free_port()
+    s = start_standin(tiny_model_dir, logdir, env={"LAUNCHGEN_STANDIN_GROUP_ADDRESS": "192.0.2.1",
+                                                   "LAUNCHGEN_STANDIN_GROUP_TIMEOUT": "60"})
+    try:
+        backend = VLLMServerBackend(
+            _Acc(), client=VLLMClient("127.0.0.1", s.port, control_timeout=300), transport=GlooTransport(),
+            num_generations=2, group_host="127.0.0.1", group_port=group_port, health_timeout=30, control_timeout=300,
+            rendezvous_timeout=4,
+        )  # fmt: skip
+        start = time.monotonic()
+        with pytest.raises(VLLMServerError) as err:
+            backend.connect()
+        assert time.monotonic() - start < 20
+        text = str(err.value)
+        assert f"vLLM server at 127.0.0.1:{s.port}" in text and f"127.0.0.1:{group_port}" in text, text
+        assert "weight-transfer rendezvous" in text and "group_host / VLLM_HOST_IP" in text, text
+        if isinstance(err.value, VLLMTimeoutError):
+            assert "rendezvous_timeout=4 s" in text, text
+    finally:
+        s.stop()
+
+
 def test_connect_fails_within_health_timeout_without_server() -> None:
     port = free_port()
     backend = VLLMServerBackend(

@@ -48,8 +48,8 @@ def trl_cfg(tmp_path: Path, model: Path, name: str, **args: Any) -> dict[str, An
         "learning_rate": 1e-3, "use_cpu": True, "bf16": False, "logging_steps": 1, "save_steps": 100, "report_to": [],
         "seed": 0, **_SMALL[name],
     }
-    if name == "gkd":
-        base["teacher_model_name_or_path"] = str(model)
+    if entry.teacher_field is not None:
+        base[entry.teacher_field] = str(model)
     cfg: dict[str, Any] = {"trainer": f"trl.{name}", "model_name_or_path": str(model),
                            "data": {"path": str(data_for(entry.data, tmp_path))},
                            "save_final_model": False, "args": {**base, **args}}

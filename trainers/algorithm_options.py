@@ -24,7 +24,8 @@ NEW_LOSS_TYPES = ("cispo", "sapo", "luspo", "vespo")
 
 
 class AlgorithmOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True)
+    # built with GRPO's config on first validation, not on import (see declaration.DeclaredConfig)
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=True, defer_build=True)
 
     importance_sampling_level: ISLevel = Field(
         default="token",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 #: What a row of the trainer's `data` is: a prompt to generate from, or a finished example to learn.
 DataRows = Literal["prompts", "examples", "pairs"]  # pairs: prompt / chosen / rejected (offline preference)
@@ -58,6 +58,10 @@ _REGISTRY: dict[str, type[DeclaredConfig]] = {}
 class DeclaredConfig(BaseModel):
     """Base of every trainer's config class. A subclass that sets `facts` is a trainer, named by its `trainer`
     field's one `Literal` value; one that does not (a shared base such as `config.TrainerConfig`) is not."""
+
+    # A verb validates one trainer's config, if any: building every declared class's validator when its module is
+    # imported (as `spec` does, for the trainer names) cost `check` ~100 ms of pydantic on a login node.
+    model_config = ConfigDict(defer_build=True)
 
     facts: ClassVar[TrainerFacts]
     #: The trainer's name (the value of its `trainer` field), set when the class is declared.

@@ -252,8 +252,9 @@ def resolve_compile(cfg: TrainerConfig, device_type: str, distributed_type: str)
     if c != "auto":
         return CompilePlan(layers=bool(c), head=bool(c))
     cuda = device_type == "cuda"
-    # not with peft: the adapters wrap the layers' linears (config.py refuses `compile: true` with it)
-    layers = cuda and not cfg.model.use_liger_kernel and distributed_type in ("NO", "MULTI_GPU") and cfg.peft is None
+    # With peft too: the layer's frame traces through PEFT's LoRA linears (the adapter on/off switch of the
+    # reference pass is one more guard, so one more graph, not one per layer; tests/trainers/test_compile.py).
+    layers = cuda and not cfg.model.use_liger_kernel and distributed_type in ("NO", "MULTI_GPU")
     return CompilePlan(layers=layers, head=cuda)
 
 

@@ -43,7 +43,8 @@ FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("g
 
 
 class PeftSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # built with the trainer config that holds it, on first validation, not on import
+    model_config = ConfigDict(extra="forbid", validate_default=True, defer_build=True)
 
     r: int = Field(default=16, ge=1, description="LoRA rank.")
     lora_alpha: float = Field(default=32, gt=0, description="LoRA alpha; the update is scaled by lora_alpha / r.")
@@ -142,19 +143,16 @@ def entry_matches_module(entry: str, model_type: str | None, num_layers: int | N
     return any(matches(entry, n) for n in names)
 
 
-def combination_errors(*, use_liger_kernel: bool, compile: object) -> list[tuple[str, str]]:
+def combination_errors(*, use_liger_kernel: bool) -> list[tuple[str, str]]:
     """(field, message) for each trainer setting LoRA cannot run with; one rule for the trainer config and `check`.
 
-    Refused rather than half-working: Liger's instance patching and the compiled decoder layers were not
-    verified with PEFT's wrapped linears (dynamo would also have to guard on the adapter on/off switch the
-    reference pass flips). The static-cache generation engine runs with LoRA (it decodes the adapted projections
-    with their merged weights, `generation/fast_generate/adapters.py`).
+    Refused rather than half-working: Liger's instance patching was not verified with PEFT's wrapped linears.
+    Compiled decoder layers and the static-cache generation engine do run with LoRA (the layers' frame traces
+    through PEFT's linears, tests/trainers/test_compile.py; the engine decodes the adapted projections with their
+    merged weights, `generation/fast_generate/adapters.py`).
     """
     out = []
     if use_liger_kernel:
         out.append(("model.use_liger_kernel", "Liger kernels are not supported with LoRA (peft): set "
                     "use_liger_kernel: false"))
-    if compile is True:
-        out.append(("model.compile", "model.compile: true is not supported with LoRA (peft): the adapters "
-                    "wrap the decoder's linears; use auto (compiles the log-prob head only) or false"))
     return out

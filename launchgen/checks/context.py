@@ -58,6 +58,12 @@ class Ctx:
         return cfg if isinstance(cfg, TrainerConfig) else None
 
     @property
+    def resolved_config(self) -> TrainerConfig | TrlRunConfig | None:
+        """The trainer's resolved config of either kind (the bundled loop's or a TRL trainer's run config), for
+        the sections both have (data, eval_data, rewards); None where train.args does not validate."""
+        return self._trainer_config[0]
+
+    @property
     def trainer_config_issues(self) -> list[Issue]:
         """LG901: why `train.args` does not validate, with fields and lines."""
         return self._trainer_config[1]
@@ -124,8 +130,7 @@ class Ctx:
     # defaults are `trainer_cfg`'s. The one raw reader: a path no trainer's config has is a bug in the check (a
     # typo would silently read the default), so it raises.
     def arg(self, path: str, default: Any = None) -> Any:
-        if path not in arg_paths():
-            raise KeyError(f"Ctx.arg({path!r}): no trainer's config has this field (launchgen.trainers.configs)")
+        _known_path("arg", path)
         if self.trainer_facts.trl_config is not None and path.split(".")[0] not in SHARED_ARGS:
             return default  # TRL's fields: the bundled config's checks have nothing to read there
         node: Any = self.spec.train.args
@@ -138,7 +143,9 @@ class Ctx:
     def value(self, path: str) -> Any:
         """The trainer's value at `path` (a train.args field path): typed, from the resolved config with the
         trainer's own defaults; where train.args does not validate (LG901), what the user wrote, else the trainer's
-        default, so a check still speaks beside LG901 without restating a default."""
+        default, so a check still speaks beside LG901 without restating a default. A path no trainer's config has
+        raises, as `arg` does: a typo must not read as an unset field."""
+        _known_path("value", path)
         cfg = self.trainer_cfg
         if cfg is not None:
             node: Any = cfg
@@ -158,6 +165,12 @@ class Ctx:
         doc = CODES[code]
         return Issue(code, path, message, doc.fix if fix is None else fix,
                      doc.severity if severity is None else severity)
+
+
+def _known_path(reader: str, path: str) -> None:
+    """A path no trainer's config has is a bug in the check that reads it: a typo would read as unset."""
+    if path not in arg_paths():
+        raise KeyError(f"Ctx.{reader}({path!r}): no trainer's config has this field (launchgen.trainers.configs)")
 
 
 def _set(model: Any, name: str) -> bool:

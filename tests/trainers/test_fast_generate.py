@@ -588,3 +588,41 @@ def test_fused_path_reads_the_live_weights(tok: Any) -> None:
     after = backend.generate(prompts, params).completion_ids
     assert after != before
     assert after == _hf_greedy(model, tok, prompts, 10, [tok.eos_token_id])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_stacked_projections_decode_like_separate_ones_and_follow_weight_updates(arch: str, tok: Any) -> None:
+    """q/k/v and gate/up as one GEMM each over stacked copies (the default): the same tokens and log-probs as the
+    separate projections, and the copies are refreshed from the live weights at every call."""
+    model = _tiny_lm(arch, tok)
+    prompts = _prompts(tok)
+    stacked = FastGenerateBackend(model, tok, keep_cache=True)
+    separate = FastGenerateBackend(model, tok, keep_cache=True, stack_projections=False)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    rows = [p for p in prompts for _ in range(2)]
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, extra={"seed": 4})
+    for _ in range(2):
+        got = stacked.generate(rows, sampled)
+        want = separate.generate(rows, sampled)
+        assert got.completion_ids == want.completion_ids
+        assert got.logprobs is not None and want.logprobs is not None
+        for g, w in zip(got.logprobs, want.logprobs, strict=True):
+            assert g == pytest.approx(w, abs=1e-5)
+        assert stacked.generate(prompts, greedy).completion_ids == _hf_greedy(model, tok, prompts, 12,
+                                                                             [tok.eos_token_id])
+        # The copies hold the live weights, stacked in q, k, v (gate, up) order, biases alike.
+        w0 = stacked._weights[1]
+        attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+        assert w0.qkv_weight is not None and w0.gate_up_weight is not None
+        assert torch.equal(w0.qkv_weight, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        assert torch.equal(w0.gate_up_weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        if arch == "qwen2":
+            assert w0.qkv_bias is not None
+            assert torch.equal(w0.qkv_bias, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+        before = stacked.generate(prompts, greedy).completion_ids
+        with torch.no_grad():  # an optimizer-style in-place update of stacked projections only
+            for layer in model.model.layers:
+                layer.self_attn.v_proj.weight.mul_(-2.0)
+                layer.mlp.up_proj.weight.mul_(1.5)
+        assert stacked.generate(prompts, greedy).completion_ids != before
+    assert separate._weights[0].qkv_weight is None

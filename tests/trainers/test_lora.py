@@ -251,7 +251,6 @@ def test_adapter_path_continues_from_a_saved_adapter_and_merged_model_is_written
 
 
 @pytest.mark.parametrize("over,field", [
-    ({"model": {"compile": True}}, "model.compile"),
     ({"model": {"use_liger_kernel": True}}, "use_liger_kernel"),
 ])
 def test_refused_combinations_name_the_field(tmp_path: Path, over: dict[str, Any], field: str) -> None:

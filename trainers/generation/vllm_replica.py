@@ -187,6 +187,7 @@ class VLLMReplicaBackend(RankZeroBackend):
                 num_generations=int(cfg.num_generations or 1), group_host=s.group_host, group_port=r.group_port,
                 health_timeout=s.health_timeout, request_timeout=s.request_timeout,
                 weight_sync_timeout=s.weight_sync_timeout, control_timeout=s.control_timeout,
+                rendezvous_timeout=s.rendezvous_timeout,
             )  # fmt: skip
 
         is_main = bool(getattr(accelerator, "is_main_process", True))

@@ -94,6 +94,7 @@ class VLLMServerBackend(RankZeroBackend):
         request_timeout: float = 600.0,
         weight_sync_timeout: float = 1800.0,
         control_timeout: float = 300.0,
+        rendezvous_timeout: float = 180.0,
         packed: bool = True,
         packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES,
         packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS,
@@ -110,6 +111,7 @@ class VLLMServerBackend(RankZeroBackend):
         self.request_timeout = request_timeout
         self.weight_sync_timeout = weight_sync_timeout
         self.control_timeout = control_timeout
+        self.rendezvous_timeout = rendezvous_timeout
         self.packed = packed
         self.packed_buffer_size_bytes = packed_buffer_size_bytes
         self.packed_num_buffers = packed_num_buffers
@@ -157,6 +159,7 @@ class VLLMServerBackend(RankZeroBackend):
             request_timeout=s.request_timeout,
             weight_sync_timeout=s.weight_sync_timeout,
             control_timeout=s.control_timeout,
+            rendezvous_timeout=s.rendezvous_timeout,
         )
         backend.connect()
         return backend
@@ -205,30 +208,33 @@ class VLLMServerBackend(RankZeroBackend):
         assert transport is not None
         thread, outcome = run_daemon(
             "launchgen-wt-init",
-            lambda: transport.init(host, self.group_port, world_size, self.control_timeout),
+            lambda: transport.init(host, self.group_port, world_size, self.rendezvous_timeout),
         )
         try:
-            c.init_weight_transfer_engine(init_info, timeout=self.control_timeout)
+            c.init_weight_transfer_engine(init_info, timeout=self.rendezvous_timeout)
         except VLLMServerError as exc:
             transport.close()
-            raise VLLMServerError(
-                f"{exc}{init_failure_hint(exc, self.server_backend or 'nccl', host, self.group_port)}",
+            bound = (f" (generation.vllm_server.rendezvous_timeout={self.rendezvous_timeout:g} s)"
+                     if isinstance(exc, VLLMTimeoutError) else "")
+            raise type(exc)(
+                f"weight-transfer rendezvous with the {c.where}: {exc}{bound}"
+                f"{init_failure_hint(exc, self.server_backend or 'nccl', host, self.group_port)}",
                 endpoint=exc.endpoint,
                 status=exc.status,
                 body=exc.body,
             ) from exc
-        thread.join(self.control_timeout)
+        thread.join(self.rendezvous_timeout)
         if not outcome.done:
             raise VLLMTimeoutError(
-                f"weight-transfer rendezvous: the server at {c.where} ({self.server_world_size} worker(s)) joined, "
+                f"weight-transfer rendezvous: the {c.where} ({self.server_world_size} worker(s)) joined, "
                 f"but trainer rank 0's end on {host}:{self.group_port} did not complete within "
-                f"generation.vllm_server.control_timeout={self.control_timeout:g} s (the workers reach that address "
+                f"generation.vllm_server.rendezvous_timeout={self.rendezvous_timeout:g} s (the workers reach that address "
                 "from the server's node: a firewall, or VLLM_HOST_IP naming an address they cannot reach)"
             )
         if outcome.error is not None:
             raise WeightSyncError(
                 f"trainer rank 0 could not host the weight-transfer group on {host}:{self.group_port} for the "
-                f"server at {c.where}: {outcome.error}"
+                f"{c.where}: {outcome.error}"
             ) from outcome.error
         logger.info(
             "vLLM %s at %s:%s serves %s (world size %d); %s weight-transfer group on %s:%d",

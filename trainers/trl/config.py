@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from launchgen.trainers.config import DataSection, RewardSpec, _Strict, apply_override
+from launchgen.trainers.config import DataSection, RewardSpec, _Strict, apply_override, yaml_text
 from launchgen.trainers.declaration import DeclaredConfig
 from launchgen.trainers.trl.entries import LAUNCHGEN_KEYS, PREFIX, TRL_ENTRIES, TrlEntry
 from launchgen.trainers.trl.fields import problems
@@ -115,4 +115,4 @@ class TrlRunConfig(DeclaredConfig, _Strict):
         return cls.model_validate(data)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+        return yaml_text(self.model_dump(mode="json", exclude_none=True), sort_keys=False)

@@ -26,6 +26,11 @@ class TrlEntry:
     vllm: Literal["no", "optional", "server"]  # `server`: TRL's trainer only runs against a vLLM server
     doc: str
     needs_tokenizer: bool = False  # TRL's trainer does not load the tokenizer from the model id itself
+    cuda_only: str | None = None  # why TRL's trainer cannot train on a CPU (`train.device: cpu` is refused)
+    #: the config field naming a teacher model that TRL's trainer takes as its `teacher_model` argument
+    teacher_field: str | None = None
+    #: spec fields (`train.<field>`) TRL's trainer refuses or overrides when set, and why
+    refuses: tuple[tuple[str, str], ...] = ()
 
     @property
     def config_class(self) -> str:
@@ -46,11 +51,17 @@ TRL_ENTRIES: dict[str, TrlEntry] = {e.name: e for e in (
              "offline DPO on prompt/chosen/rejected rows (TRL's DPOTrainer)"),
     TrlEntry("gkd", "trl.experimental.gkd:GKDConfig", "trl.experimental.gkd:GKDTrainer", "sft", False, "no",
              "generalized knowledge distillation from `teacher_model_name_or_path` (TRL's experimental GKDTrainer)",
-             needs_tokenizer=True),
+             needs_tokenizer=True, teacher_field="teacher_model_name_or_path"),
     TrlEntry("async_grpo", "trl.experimental.async_grpo:AsyncGRPOConfig",
              "trl.experimental.async_grpo:AsyncGRPOTrainer", "prompt", True, "server",
              "asynchronous GRPO (TRL's experimental AsyncGRPOTrainer): generation on a vLLM server runs ahead of "
-             "training"),
+             "training",
+             cuda_only="its training forward runs TRL's tree attention (`tree_fa3`) on the Hub kernel "
+                       "kernels-community/flash-attn3, which is CUDA-only and fetched from the Hub at run time, and "
+                       "its weight sync is vLLM's NCCL engine",
+             refuses=(("attn_implementation", "AsyncGRPOTrainer loads the model with its own tree attention "
+                       "(`tree_fa3`); a second attn_implementation in model_init_kwargs is a TypeError"),
+                      ("use_liger_kernel", "AsyncGRPOTrainer raises NotImplementedError for use_liger_kernel"))),
 )}
 
 #: Trainers the seeds name that the pinned TRL no longer ships: `check` refuses them with this reason.

@@ -32,9 +32,18 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _rows(data: DataSection, kind: str) -> list[dict[str, Any]]:
-    """launchgen's rows (local files or a Hub data set, column_mapping applied) in TRL's column names."""
-    from launchgen.trainers.data import read_rows
+#: The row's prompt as the data file has it, when `prompt` holds the chat-templated text (`_rows`); TRL passes it to
+#: the rewards as a column, and `_reward_callable` gives it back to them as `prompts`.
+RAW_PROMPT = "launchgen_raw_prompt"
+
+
+def _rows(data: DataSection, kind: str, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """launchgen's rows (local files or a Hub data set, column_mapping applied) in TRL's column names.
+
+    A text prompt is rendered through the tokenizer's chat template here, as the bundled trainers do
+    (`launchgen.trainers.data.build_prompt`): TRL would tokenize the bare text, so one spec through `grpo` and
+    `trl.grpo` would generate from different prompts (tests/trainers/test_trl_consistency.py)."""
+    from launchgen.trainers.data import build_prompt, read_rows
 
     rows = read_rows(data)
     if kind != "prompt":
@@ -42,9 +51,16 @@ def _rows(data: DataSection, kind: str) -> list[dict[str, Any]]:
     if data.prompt_column not in rows[0]:
         raise TrainerSetupError(f"data.prompt_column {data.prompt_column!r} not in the data (columns: "
                                 f"{', '.join(sorted(rows[0]))}); set data.prompt_column or data.column_mapping")
+    templated = tokenizer is not None and getattr(tokenizer, "chat_template", None) is not None
     out = []
     for row in rows:
         prompt = row[data.prompt_column]
+        if templated and isinstance(prompt, str):
+            new = {k: v for k, v in row.items() if k != data.prompt_column}
+            new["prompt"] = build_prompt(prompt, tokenizer, data.system_prompt)
+            new[RAW_PROMPT] = prompt
+            out.append(new)
+            continue
         if data.system_prompt is not None:
             turns = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             prompt = [{"role": "system", "content": data.system_prompt}, *turns]
@@ -54,10 +70,10 @@ def _rows(data: DataSection, kind: str) -> list[dict[str, Any]]:
     return out
 
 
-def dataset(data: DataSection, kind: str) -> Any:
+def dataset(data: DataSection, kind: str, tokenizer: Any = None) -> Any:
     import datasets
 
-    rows = _rows(data, kind)
+    rows = _rows(data, kind, tokenizer)
     if kind == "preference":
         missing = [c for c in ("prompt", "chosen", "rejected") if c not in rows[0]]
         if missing:
@@ -73,6 +89,7 @@ def _reward_callable(loaded: Any) -> Any:
     fn, extra = loaded.fn, dict(loaded.kwargs)
 
     def reward(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+        prompts = columns.pop(RAW_PROMPT, prompts)  # the data file's prompts, as the bundled trainers pass them
         return list(fn(prompts=prompts, completions=completions, **columns, **extra))
 
     reward.__name__ = reward.__qualname__ = loaded.name
@@ -146,19 +163,21 @@ def build_trainer(cfg: TrlRunConfig, entry: TrlEntry, trl_config: Any, reward_fu
                   callback: Any) -> Any:
     cls = _load(entry.trainer)
     assert cfg.data is not None  # TrlRunConfig: required without a script
-    kwargs: dict[str, Any] = {"args": trl_config, "train_dataset": dataset(cfg.data, entry.data),
+    tokenizer = _tokenizer(cfg) if entry.data == "prompt" else None
+    kwargs: dict[str, Any] = {"args": trl_config, "train_dataset": dataset(cfg.data, entry.data, tokenizer),
                               "callbacks": [callback]}
     if cfg.eval_data is not None:
-        kwargs["eval_dataset"] = dataset(cfg.eval_data, entry.data)
+        kwargs["eval_dataset"] = dataset(cfg.eval_data, entry.data, tokenizer)
     if reward_funcs is not None:
         kwargs["reward_funcs"] = reward_funcs
-    if entry.name == "gkd":  # the one TRL trainer whose teacher is a constructor argument
-        teacher = cfg.args.get("teacher_model_name_or_path")
+    if entry.teacher_field is not None:  # a teacher that TRL's trainer takes as a constructor argument
+        teacher = cfg.args.get(entry.teacher_field)
         if not teacher:
-            raise TrainerSetupError("args.teacher_model_name_or_path: gkd distils from a teacher model; name it")
+            raise TrainerSetupError(f"args.{entry.teacher_field}: trl.{entry.name} distils from a teacher model; "
+                                    "name it")
         kwargs["teacher_model"] = teacher
     if entry.needs_tokenizer:
-        kwargs["processing_class"] = _tokenizer(cfg)
+        kwargs["processing_class"] = tokenizer or _tokenizer(cfg)
     accepted = inspect.signature(cls.__init__).parameters
     return cls(model=cfg.model_name_or_path, **{k: v for k, v in kwargs.items() if k in accepted})
 
@@ -181,6 +200,8 @@ def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
 
     quiet_bars_off_terminal()
     state = PartialState()
+    if entry.cuda_only is not None and state.device.type == "cpu":  # `check` refuses the spec (LG920) already
+        raise TrainerSetupError(f"trl.{entry.name} cannot train on a CPU: {entry.cuda_only}")
     reward_funcs, weights = rewards(cfg, state.device) if entry.rewards else (None, None)
     trl_config = build_config(entry, trl_args(cfg, entry, weights))
     resume_from = _checkpoint(cfg)

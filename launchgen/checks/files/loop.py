@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
+from launchgen.checks.trainer_args import eval_data_section
 from launchgen.issues import Issue
 
 _doc("LG361", "error", "train.args.eval_data cannot be used: its local file does not exist, cannot be read, or lacks "
@@ -15,19 +16,12 @@ _doc("LG361", "error", "train.args.eval_data cannot be used: its local file does
 
 @check("LG361", stage="files")
 def eval_data_readable(ctx: Ctx) -> Iterator[Issue]:
-    from pydantic import ValidationError
-
-    from launchgen.trainers.config import DataSection
     from launchgen.trainers.datafiles import PeekUnavailable, local_path, mapped, peek_local
     from launchgen.trainers.errors import TrainerSetupError
 
-    raw = ctx.arg("eval_data")
-    if not isinstance(raw, dict):
+    data = eval_data_section(ctx)
+    if data is None:
         return
-    try:
-        data = DataSection.model_validate(raw)
-    except ValidationError:
-        return  # the trainer config's own validation reports it (LG901)
     p = local_path(data.path)
     if p is None:
         return  # a Hub data set: loaded on the node

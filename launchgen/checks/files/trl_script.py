@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from launchgen import specfiles
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import check
 from launchgen.issues import Issue
@@ -21,11 +22,11 @@ def script_exists_and_parses_flags(ctx: Ctx) -> Iterator[Issue]:
     if script is None or not script.endswith(".py"):
         return
     path = Path(script)
-    if not path.is_file():
+    if not path.exists():
         yield ctx.issue("LG922", "train.script", f"train.script {script} does not exist (looked in {Path.cwd()})")
         return
     try:
-        source = path.read_text()
+        source = specfiles.read_text(path, specfiles.SOURCE_LIMIT)
     except (OSError, UnicodeDecodeError) as e:
         yield ctx.issue("LG922", "train.script", f"train.script {script} cannot be read: {e}")
         return

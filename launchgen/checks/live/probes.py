@@ -9,7 +9,6 @@ Probes take a `Runner` so tests can inject canned output; the default runs the r
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import shutil
@@ -157,6 +156,8 @@ def probe_sinfo(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
 
 
 def installed_versions(names: tuple[str, ...] = compat.TRACKED_PACKAGES) -> dict[str, str | None]:
+    import importlib.metadata  # here, not at the top: a plain `check` imports this module too (~30 ms)
+
     out: dict[str, str | None] = {}
     for n in names:
         try:

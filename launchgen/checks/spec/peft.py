@@ -35,8 +35,8 @@ _doc("LG343", "error", "peft (LoRA) with DeepSpeed (train.backend deepspeed_zero
      "one process, DDP and FSDP2; ZeRO's gathers and engine checkpoints were never run with adapters (deepspeed "
      "is not in launchgen's test environment), FSDP1's flattened parameters are not gathered.",
      "Use train.backend: fsdp (FSDP2, launchgen's default fsdp_version) or ddp.")
-_doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger kernels or model.compile: true.",
-     "Turn the setting off (use_liger_kernel: false, model.compile: auto or false).")
+_doc("LG344", "error", "peft (LoRA) with a setting it cannot run with: Liger kernels.",
+     "Turn the setting off (use_liger_kernel: false).")
 _doc("LG345", "warning", "peft with vLLM runtime-LoRA flags in vllm.extra_args: launchgen sends merged weights, so "
      "the server never loads an adapter and --enable-lora only reserves memory and slows decoding.",
      "Remove --enable-lora / --max-lora-rank / --max-loras from vllm.extra_args.")
@@ -45,7 +45,9 @@ _RUNTIME_LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "--max-loras", "--lor
 
 
 def _section(ctx: Ctx) -> PeftSection | None:
-    raw = ctx.arg("peft")
+    raw = ctx.value("peft")  # typed; what the user wrote only where train.args does not validate (LG901)
+    if raw is None or isinstance(raw, PeftSection):
+        return raw
     if not isinstance(raw, dict):
         return None
     try:
@@ -98,9 +100,8 @@ def peft_combinations(ctx: Ctx) -> Iterator[Issue]:
     liger = t.use_liger_kernel or ctx.arg("model.use_liger_kernel") is True
     paths = {
         "model.use_liger_kernel": "train.use_liger_kernel" if t.use_liger_kernel else "train.args.model.use_liger_kernel",
-        "model.compile": "train.args.model.compile",
     }
-    for field, message in combination_errors(use_liger_kernel=liger, compile=ctx.arg("model.compile")):
+    for field, message in combination_errors(use_liger_kernel=liger):
         yield ctx.issue("LG344", paths[field], message)
 
 

@@ -25,8 +25,9 @@ def trainer_args_validate(ctx: Ctx) -> Iterator[Issue]:
     yield from (i for i in ctx.trainer_config_issues if i.code == "LG901")
 
 
-_doc("LG920", "error", "A trl.* trainer cannot run this topology (async_grpo without a vLLM server, several "
-     "server replicas: TRL's client talks to one server).", "Change the vllm section, or use the bundled trainer.")
+_doc("LG920", "error", "A trl.* trainer cannot run this topology (async_grpo without a vLLM server, on a CPU, "
+     "or with train.attn_implementation / use_liger_kernel; several server replicas: TRL's client talks to one "
+     "server).", "Change the vllm or train section, or use the bundled trainer.")
 _doc("LG921", "error", "A TRL field in train.args contradicts what the topology decides (output_dir, precision, "
      "use_vllm/vllm_mode, the server's address and ports, colocate's settings, model loading).",
      "Remove the field from train.args (launchgen sets it) or change the spec field it names.")

@@ -27,11 +27,12 @@ Two implementations of the decode forward (`decode_path` says which one runs):
   model's own `rotary_emb`, so every rope scaling the model supports is honoured. Compiling is the default on
   CUDA only; it happens in the eager warm-up step of each length bucket (one compile per cache shape and bucket),
   never inside graph capture, with inductor's own CUDA graphs off (the whole step is captured here). Any compile
-  error logs one warning and decoding continues with the uncompiled fused function. The q/k/v and gate/up
-  weights are not concatenated: it would save three GEMM launches per layer but hold a second copy of most of
-  the weights for the whole run (and need a re-copy after every optimizer step). Prefill stays on the modules
-  path (it runs once per call); it writes the same cache layout the fused decode reads. Other models, or
-  `decode_impl="modules"`, use the modules path.
+  error logs one warning and decoding continues with the uncompiled fused function. q/k/v and gate/up run as one
+  GEMM each over stacked copies of their weights (`weight_copies`: 3 fewer GEMM launches per layer), which live
+  in the arena with the KV cache, so they exist only while generating and are re-copied from the live weights at
+  the start of every call; each layer's last residual add runs inside the next layer's norm kernel
+  (`fused._fused_layer_deferred`). Prefill stays on the modules path (it runs once per call); it writes the same
+  cache layout the fused decode reads. Other models, or `decode_impl="modules"`, use the modules path.
 
   Measured on an H200 (benchmarks/decode_gpu_check.py; random-init bf16, 64 x 32-token prompts, 256 new
   tokens), ms per decode step: Qwen2.5-0.5B shape 3.17 (modules), 3.19 (fused), 1.75 (fused+compiled, 9.5x the

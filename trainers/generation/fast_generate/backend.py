@@ -13,11 +13,12 @@ from torch import nn
 
 from ...dynamo_config import recompile_limit_raised
 from ..protocol import GenerationOutput, SamplingParams
-from .adapters import adapted_linears, merge_into
+from .adapters import adapted_linears
 from .attention import _ATTN_NAME, _register_attention
-from .fused import _fused_decoder_layer, _fused_final, _fused_spec, _FusedSpec, _layer_weights, _LayerWeights
+from .fused import _fused_final, _fused_layer_deferred, _fused_spec, _FusedSpec, _LayerWeights
 from .recompile import _RECOMPILE_LIMIT, _no_recompile
 from .state import _Arena, _SamplerKey, _State, _StaticKV
+from .weight_copies import DecodeWeights
 
 if TYPE_CHECKING:
     from ...config import TrainerConfig
@@ -51,6 +52,9 @@ class FastGenerateBackend:
             handed back to the device (`empty_cache`); recaptured every call (0.22 ms per decode step over a
             256-token call at the 0.5B shape on an H200).
         compile_backend: torch.compile backend (inductor; tests use aot_eager, which needs no C++ compiler).
+        stack_projections: the fused decode computes q/k/v and gate/up with one GEMM each, over stacked copies of
+            those weights held in the arena while generating (`weight_copies`); False reads the projections
+            separately (the same function up to GEMM rounding; kept for comparison).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class FastGenerateBackend:
         compile: bool | None = None,
         keep_cache: KeepCache = "lend",
         compile_backend: str | Callable[..., Any] = "inductor",
+        stack_projections: bool = True,
     ) -> None:
         if decode_impl not in ("auto", "fused", "modules"):
             raise ValueError(f"decode_impl must be 'auto', 'fused' or 'modules', got {decode_impl!r}")
@@ -93,6 +98,7 @@ class FastGenerateBackend:
         self.stop_check_interval = stop_check_interval
         self.capacity_multiple = capacity_multiple
         self.keep_cache = keep_cache
+        self.stack_projections = stack_projections
         self._choose_decode_path(decode_impl, compile, compile_backend)
         # Live parameters of the fused path, re-read at the start of every call.
         self._weights: list[_LayerWeights] = []
@@ -100,11 +106,10 @@ class FastGenerateBackend:
         self.cache = _StaticKV(self.num_layers)
         self.state: _State | None = None
         self._arena: _Arena | None = None
-        # LoRA: the adapted projections the fused decode reads merged weights for, and those weights (arena views,
-        # keyed by the module's id) while the arena is taken.
+        # LoRA: the adapted projections the fused decode reads merged weights for; those and the stacked
+        # projections are the fused decode's weight copies (laid out with the arena, per decode shape).
         self._adapted: list[Any] = adapted_linears(self.decoder) if self._spec is not None else []
-        self._merged: dict[int, torch.Tensor] = {}
-        self._merged_in_arena = True
+        self._copies: DecodeWeights | None = None
         self._pool: Any = None
         self._side_stream: torch.cuda.Stream | None = None
         # Decode steps the last call ran (prefill excluded); lets tests and benchmarks see the early stop.
@@ -165,7 +170,7 @@ class FastGenerateBackend:
             else:
                 self._spec = found
         # The compiled wrappers once `_compile` succeeds; `_compiled` says whether they are (still) in use.
-        self._compiled_layer_fn: Callable[..., torch.Tensor] = _fused_decoder_layer
+        self._compiled_layer_fn: Callable[..., Any] = _fused_layer_deferred
         self._compiled_final_fn: Callable[..., torch.Tensor] = _fused_final
         self._compiled = False
         self._patch_recompile_limit = False
@@ -198,7 +203,7 @@ class FastGenerateBackend:
         last graph, and empty_cache hands the blocks back to the device."""
         self.state = None
         self._lend()
-        self._merged = {}
+        self._copies = None
         self._arena = None
         self._pool = None
         if self.device.type == "cuda":
@@ -208,11 +213,17 @@ class FastGenerateBackend:
     def _lend(self) -> None:
         """Give the arena's buffer back to the caching allocator; the state keeps its graphs (see `_Arena`)."""
         self.cache.free()
-        if self._merged_in_arena:
-            self._merged = {}
+        if self._copies is not None:
+            self._copies.unbind()
         self._weights = []
         if self._arena is not None:
             self._arena.give_back()
+
+    @property
+    def _merged(self) -> dict[int, torch.Tensor]:
+        """id(LoRA module) -> the merged weight the fused decode computes with (while the arena is taken)."""
+        c = self._copies
+        return c.merged() if c is not None and all(s.tensor is not None for s in c.slots) else {}
 
     def held_bytes(self) -> int:
         """Device bytes of the arena (KV cache, decode state, merged LoRA weights) held now."""
@@ -318,10 +329,10 @@ class FastGenerateBackend:
         compile_fn: Any = torch.compile  # Any: the typing overloads lag behind the recompile_limit argument
         try:
             try:
-                layer_fn = compile_fn(_fused_decoder_layer, recompile_limit=_RECOMPILE_LIMIT, **kw)
+                layer_fn = compile_fn(_fused_layer_deferred, recompile_limit=_RECOMPILE_LIMIT, **kw)
                 final_fn = compile_fn(_fused_final, recompile_limit=_RECOMPILE_LIMIT, **kw)
             except TypeError:  # torch before torch.compile(recompile_limit=): raise the global limit per call
-                layer_fn = compile_fn(_fused_decoder_layer, **kw)
+                layer_fn = compile_fn(_fused_layer_deferred, **kw)
                 final_fn = compile_fn(_fused_final, **kw)
                 self._patch_recompile_limit = True
         except Exception as exc:
@@ -332,8 +343,7 @@ class FastGenerateBackend:
         self._compiled_final_fn = final_fn
         self._compiled = True
 
-    def _call_fused(self, compiled: Callable[..., torch.Tensor], eager: Callable[..., torch.Tensor],
-                    *args: Any) -> torch.Tensor:
+    def _call_fused(self, compiled: Callable[..., Any], eager: Callable[..., Any], *args: Any) -> Any:
         if self._compiled:
             try:
                 return compiled(*args)
@@ -359,14 +369,11 @@ class FastGenerateBackend:
             self._release()
             st = _State(batch, capacity, max_new, self.vocab, dtype, self.device, need_seen)
             self.state = st
-            # The merged weights share the cache's buffer only in the cache's dtype (see `_Arena`); an fp32 model
-            # under autocast (cache in bf16) is not worth a second buffer: LoRA runs bf16 models.
-            self._merged_in_arena = all(m.get_base_layer().weight.dtype == dtype for m in self._adapted)
             shapes = self.cache.shapes(batch, self.kv_heads, self.head_dim, capacity)
-            if self._merged_in_arena:
-                shapes += [tuple(m.get_base_layer().weight.shape) for m in self._adapted]
-            else:
-                self._merged = {id(m): torch.empty_like(m.get_base_layer().weight) for m in self._adapted}
+            if self._spec is not None:
+                dec: Any = self.decoder
+                self._copies = DecodeWeights(list(dec.layers), self._adapted, self.stack_projections, dtype)
+                shapes += self._copies.shapes()
             self._arena = _Arena(shapes, dtype, self.device)
             if self.use_cuda_graphs:
                 self._pool = torch.cuda.graph_pool_handle()
@@ -376,8 +383,8 @@ class FastGenerateBackend:
             tensors = arena.take()
             n_kv = 2 * self.num_layers
             self.cache.bind(tensors[:n_kv], capacity)
-            if self._merged_in_arena:
-                self._merged = {id(m): t for m, t in zip(self._adapted, tensors[n_kv:], strict=True)}
+            if self._copies is not None:
+                self._copies.bind(tensors[n_kv:])
         return st
 
     def _drop_graphs(self, st: _State) -> None:
@@ -410,12 +417,15 @@ class FastGenerateBackend:
         hidden = dec.embed_tokens(input_ids)
         # The model's own rotary module: every rope type it supports (scaling, attention factor) comes for free.
         cos, sin = dec.rotary_emb(hidden, position_ids)
+        # Each layer returns its output as (residual, MLP output); the next one adds them (`_fused_layer_deferred`).
+        residual, delta = hidden, torch.zeros_like(hidden)
         for w, k, v in zip(self._weights, self.cache.keys, self.cache.values, strict=True):
-            hidden = self._call_fused(self._compiled_layer_fn, _fused_decoder_layer,
-                                      hidden, w, k, v, cols, mask, cos, sin, spec.eps, spec.scaling)
+            residual, delta = self._call_fused(self._compiled_layer_fn, _fused_layer_deferred,
+                                               residual, delta, w, k, v, cols, mask, cos, sin, spec.eps, spec.scaling)
         head: Any = self.lm_head
-        return self._call_fused(self._compiled_final_fn, _fused_final,
-                                hidden[:, -1], dec.norm.weight, head.weight, head.bias, spec.eps)
+        logits: torch.Tensor = self._call_fused(self._compiled_final_fn, _fused_final,
+                                                residual, delta, dec.norm.weight, head.weight, head.bias, spec.eps)
+        return logits
 
     def _sample(self, logits: torch.Tensor, key: _SamplerKey, st: _State) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick one token per row and its log-prob under log_softmax(logits * (1/T)); all on the device."""
@@ -485,14 +495,13 @@ class FastGenerateBackend:
         capacity = -(-need // self.capacity_multiple) * self.capacity_multiple
         st = self._ensure_state(batch, capacity, max_new, key.repetition_penalty != 1.0)
         dev = self.device
-        if self._spec is not None:
-            for m in self._adapted:  # the adapters as the optimizer left them
-                merge_into(m, self._merged[id(m)])
-            dec: Any = self.decoder
-            self._weights = [_layer_weights(layer, self._merged) for layer in dec.layers]
+        copies = self._copies
+        if copies is not None:
+            copies.refresh()  # the weights (and adapters) as the optimizer left them
+            self._weights = copies.layer_weights()
         if self.use_cuda_graphs:
             weights_key = (self._arena.ptr if self._arena is not None else 0, *self._weights_key(),
-                           *(t.data_ptr() for t in self._merged.values()))
+                           *(t.data_ptr() for t in (copies.held() if copies is not None else [])))
             if weights_key != st.weights_key:
                 self._drop_graphs(st)
                 st.weights_key = weights_key

@@ -36,6 +36,12 @@ class _LayerWeights(NamedTuple):
     gate_weight: torch.Tensor
     up_weight: torch.Tensor
     down_weight: torch.Tensor
+    # One GEMM instead of three (q/k/v) or two (gate/up): the rows of q, k, v (gate, up) stacked, with the biases
+    # stacked alike; None = the separate projections above (see `weight_copies`). The fields above stay set: the
+    # stacked GEMM's output splits at their row counts.
+    qkv_weight: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
+    gate_up_weight: torch.Tensor | None = None
 
 
 def _layer_weights(layer: Any, merged: dict[int, torch.Tensor] | None = None) -> _LayerWeights:
@@ -92,13 +98,37 @@ def _fused_decoder_layer(hidden: torch.Tensor, w: _LayerWeights, k_cache: torch.
     under the additive `mask` (batch, 1, q_len, >= that many columns). Every size comes from a tensor shape and
     nothing refers to a module or a layer index, so one compiled graph serves all layers.
     """
+    residual, mlp_out = _layer_body(hidden, w, k_cache, v_cache, cols, mask, cos, sin, eps, scaling)
+    return residual + mlp_out
+
+
+def _fused_layer_deferred(residual: torch.Tensor, delta: torch.Tensor, w: _LayerWeights, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, cols: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, eps: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fused_decoder_layer` over the input `residual + delta`, returning its output unsummed as (residual,
+    MLP output): the decode step compiles this one, so each layer's last residual add runs inside the next
+    layer's input-norm kernel (or the final norm's) instead of as a kernel of its own. Eagerly the same adds
+    in the same order, so the same bits; the first layer gets a zero `delta`."""
+    return _layer_body(residual + delta, w, k_cache, v_cache, cols, mask, cos, sin, eps, scaling)
+
+
+def _layer_body(hidden: torch.Tensor, w: _LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                cols: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                eps: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     b, q_len, _ = hidden.shape
     head_dim = cos.shape[-1]
     residual = hidden
     x = _rms_norm(hidden, w.input_norm, eps)
-    q = F.linear(x, w.q_weight, w.q_bias).view(b, q_len, -1, head_dim)
-    k = F.linear(x, w.k_weight, w.k_bias).view(b, q_len, -1, head_dim)
-    v = F.linear(x, w.v_weight, w.v_bias).view(b, q_len, -1, head_dim).transpose(1, 2)
+    if w.qkv_weight is not None:
+        q, k, v = F.linear(x, w.qkv_weight, w.qkv_bias).split(
+            [w.q_weight.shape[0], w.k_weight.shape[0], w.v_weight.shape[0]], dim=-1)
+    else:
+        q = F.linear(x, w.q_weight, w.q_bias)
+        k = F.linear(x, w.k_weight, w.k_bias)
+        v = F.linear(x, w.v_weight, w.v_bias)
+    q = q.reshape(b, q_len, -1, head_dim)
+    k = k.reshape(b, q_len, -1, head_dim)
+    v = v.reshape(b, q_len, -1, head_dim).transpose(1, 2)
     if w.q_norm is not None:  # Qwen3: RMSNorm over head_dim, before RoPE
         q = _rms_norm(q, w.q_norm, eps)
     if w.k_norm is not None:
@@ -112,15 +142,19 @@ def _fused_decoder_layer(hidden: torch.Tensor, w: _LayerWeights, k_cache: torch.
     view = mask.shape[-1]
     attn = _gqa_attention(q, k_cache[:, :, :view], v_cache[:, :, :view], mask, scaling)
     hidden = residual + F.linear(attn.reshape(b, q_len, -1), w.o_weight)
-    residual = hidden
     x = _rms_norm(hidden, w.post_norm, eps)
-    x = F.linear(F.silu(F.linear(x, w.gate_weight)) * F.linear(x, w.up_weight), w.down_weight)
-    return residual + x
+    if w.gate_up_weight is not None:
+        gate, up = F.linear(x, w.gate_up_weight).split([w.gate_weight.shape[0], w.up_weight.shape[0]], dim=-1)
+    else:
+        gate, up = F.linear(x, w.gate_weight), F.linear(x, w.up_weight)
+    return hidden, F.linear(F.silu(gate) * up, w.down_weight)
 
 
-def _fused_final(hidden: torch.Tensor, norm_weight: torch.Tensor, head_weight: torch.Tensor,
+def _fused_final(residual: torch.Tensor, delta: torch.Tensor, norm_weight: torch.Tensor, head_weight: torch.Tensor,
                  head_bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Final RMSNorm and LM head over the last position's hidden state (batch, hidden_size) -> fp32 logits."""
+    """The last layer's output (`residual + delta`, as `_fused_layer_deferred` leaves it) at the last position,
+    the final RMSNorm and the LM head -> fp32 logits (batch, vocab)."""
+    hidden = residual[:, -1] + delta[:, -1]
     return F.linear(_rms_norm(hidden, norm_weight, eps), head_weight, head_bias).float()
 
 
