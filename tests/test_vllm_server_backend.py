@@ -334,6 +334,37 @@ def test_a_broken_broadcast_is_put_down_to_the_server_only_when_its_health_says_
         assert elapsed < 3, elapsed  # the first answer decides
 
 
+def test_a_broken_broadcast_reports_the_servers_own_answer_when_it_comes() -> None:
+    """The server's failed /update_weights answer (its worker's words) beats the health probe and the bare
+    gloo error: the probe is never asked."""
+    worker = VLLMServerError("/update_weights returned HTTP 500: worker error: size mismatch", status=500)
+    asked: list[float] = []
+    got = broadcast_failure(RuntimeError("Connection closed by peer"), lambda t: asked.append(t) or None,
+                            "vLLM server at h:1", answer=lambda: worker)
+    assert got is worker and asked == []
+
+
+def test_a_renewed_group_waits_for_the_old_stores_port() -> None:
+    """wait_port_free: False while a listener holds the port, True as soon as it is gone (real sockets)."""
+    import socket
+    import threading
+
+    from launchgen.trainers.generation.sync_support import wait_port_free
+
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    start = time.monotonic()
+    assert wait_port_free(port, 0.5) is False
+    assert 0.5 <= time.monotonic() - start < 3
+    threading.Timer(0.6, held.close).start()
+    start = time.monotonic()
+    assert wait_port_free(port, 10) is True
+    assert 0.5 <= time.monotonic() - start < 5
+
+
 def _wait_listening(port: int, timeout: float = 60) -> None:
     import socket
 

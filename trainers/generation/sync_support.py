@@ -120,6 +120,28 @@ def run_daemon(
 
 
 
+def wait_port_free(port: int, timeout: float) -> bool:
+    """True once nothing listens on `port` on this host (a bind with SO_REUSEADDR succeeds, as the group's TCPStore
+    needs), polled until `timeout`; False if it stays taken.
+
+    A renewed group takes the old one's port, whose store lives as long as its process group: until a send still
+    blocked in the old group's broadcast has unwound. Binding too early fails the new store at once, and the
+    server's workers then wait their whole group timeout on a port nobody serves (an intermittent 60 s
+    "client socket has timed out" in the real-vLLM tier)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+                return True
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 def snapshot(tensor: torch.Tensor) -> torch.Tensor:
     """A private contiguous copy, taken before the iterator is advanced again.
 
@@ -191,13 +213,18 @@ SYNC_BLAME_INTERVAL = 0.5
 
 
 def broadcast_failure(error: BaseException, probe: Callable[[float], str | None], where: str,
-                      window: float = SYNC_BLAME_WINDOW) -> Exception:
-    """The error to raise when the weight broadcast failed with `error`: a VLLMServerError naming the server
-    when its /health stops answering 200 within `window` (the peer that closed the group was its engine: the
-    user's next step is the server's log, not the trainer's), else a WeightSyncError (the trainer's own end
+                      window: float = SYNC_BLAME_WINDOW,
+                      answer: Callable[[], BaseException | None] = lambda: None) -> BaseException:
+    """The error to raise when the weight broadcast failed with `error`: the server's own failed answer to the
+    update (`answer`) when it comes within `window`, which says why in the server's words; else a VLLMServerError
+    naming the server when its /health stops answering 200 (the peer that closed the group was its engine: the
+    user's next step is the server's log, not the trainer's); else a WeightSyncError (the trainer's own end
     failed, or the server hides why)."""
     deadline = time.monotonic() + window
     while True:
+        said = answer()
+        if said is not None:
+            return said
         problem = probe(min(SYNC_HEALTH_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.1)))
         if problem is not None:
             return VLLMServerError(

@@ -53,6 +53,7 @@ from .sync_support import (
     run_daemon,
     snapshot,
     transport_for_backend,
+    wait_port_free,
 )
 from .sync_support import checked as _checked
 from .sync_support import opens_with as _opens_with
@@ -125,6 +126,7 @@ class VLLMServerBackend(RankZeroBackend):
         self.syncs_done = 0
         #: A sync failed: the weight-transfer stream is out of step, the next sync first rebuilds the group.
         self._group_broken = False
+        self._sender: threading.Thread | None = None  # the last sync's broadcast thread
         self._metas: list[TensorMeta] | None = None
         self._generated_once = False
         self._paused = False  # between pause() and resume(): the sync preempts the paused requests at its reset
@@ -191,8 +193,19 @@ class VLLMServerBackend(RankZeroBackend):
         self._release_previous_group()
         if renew:
             assert self.transport is not None
+            # The server has dropped its side, which ends a send still blocked on the old group; the old store
+            # (and its port) goes only once that send has unwound.
+            if self._sender is not None:
+                self._sender.join(self.rendezvous_timeout)
+                self._sender = None
             self.transport.close()
             self.transport = renewed(self.transport)
+            if not wait_port_free(self.group_port, self.rendezvous_timeout):
+                raise WeightSyncError(
+                    f"trainer rank 0 could not renew its weight-transfer group after a failed sync: port "
+                    f"{self.group_port} on this node was still taken {self.rendezvous_timeout:g} s after the old "
+                    "group closed (generation.vllm_server.rendezvous_timeout)"
+                )
         world_size = self.server_world_size + 1
         host = resolve_group_host(self.group_host, c.host)
         init_info: dict[str, Any] = {
@@ -214,11 +227,16 @@ class VLLMServerBackend(RankZeroBackend):
         try:
             c.init_weight_transfer_engine(init_info, timeout=self.rendezvous_timeout)
         except VLLMServerError as exc:
+            thread.join(1.0)  # a bind failure on this end ends at once; a wait for the workers does not
+            own_error = outcome.error  # read before close(), whose own error would hide it
             transport.close()
             bound = (f" (generation.vllm_server.rendezvous_timeout={self.rendezvous_timeout:g} s)"
                      if isinstance(exc, VLLMTimeoutError) else "")
+            # This end's own failure (a port already taken) is often why the workers could not connect.
+            own = (f"; trainer rank 0's end on {host}:{self.group_port} failed: {own_error}"
+                   if own_error is not None else "")
             raise type(exc)(
-                f"weight-transfer rendezvous with the {c.where}: {exc}{bound}"
+                f"weight-transfer rendezvous with the {c.where}: {exc}{bound}{own}"
                 f"{init_failure_hint(exc, self.server_backend or 'nccl', host, self.group_port)}",
                 endpoint=exc.endpoint,
                 status=exc.status,
@@ -454,7 +472,7 @@ class VLLMServerBackend(RankZeroBackend):
                 self.last_sync_bytes += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        _, sent = run_daemon(
+        self._sender, sent = run_daemon(
             "launchgen-wt-send",
             lambda: transport.send(
                 feed(),
@@ -476,7 +494,8 @@ class VLLMServerBackend(RankZeroBackend):
             if answered.error is not None:
                 raise answered.error
             if sent.error is not None:
-                raise broadcast_failure(sent.error, client.health_problem, client.where) from sent.error
+                raise broadcast_failure(sent.error, client.health_problem, client.where,
+                                        answer=lambda: answered.error) from sent.error
             if watch.problem is not None and not answered.done:
                 raise VLLMServerError(watch.problem, endpoint="/update_weights")
             if time.monotonic() > deadline:
