@@ -529,3 +529,22 @@ def test_a_replica_log_is_read_as_its_replica_on_its_node(tmp_path: Path) -> Non
     logs = sorted((lg.role, lg.node, lg.replica, lg.name) for lg in find_logs(tmp_path))
     assert logs == [("server", "node-3", 0, "server"), ("server", "node-3", 1, "server-r1"),
                     ("trainer", "node-3", 0, "trainer")]
+
+
+@pytest.mark.parametrize("verb", ["status", "logs", "report", "plan"])
+def test_every_job_side_verb_fails_with_one_prefix_and_status_2(tmp_path: Path, verb: str) -> None:
+    """`status`, `logs`, `report` and `plan --from-run` spell a fatal error the same way (`launchgen: error: `, as
+    the spec verbs and `report` did while `status` and `logs` printed a bare `error: `), so one grep finds it."""
+    missing = str(tmp_path / "no-such-job")
+    args = {
+        "status": ["status", "--job-dir", missing, "298"],
+        "logs": ["logs", "--role", "trainer", "--job-dir", missing, "298"],
+        "report": ["report", missing],
+        "plan": ["plan", str(Path(__file__).parent.parent / "examples" / "local-cpu-quickstart.yaml"),
+                 "--from-run", missing],
+    }[verb]
+    r = CliRunner().invoke(__import__("launchgen.cli", fromlist=["main"]).main, args)
+    assert r.exit_code == 2, r.output
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("launchgen: error: ") and missing in last, r.stderr
+    assert "Traceback" not in r.output

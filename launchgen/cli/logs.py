@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from launchgen.cli.errors import fail
 from launchgen.follow import Target, follow
 from launchgen.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
 
@@ -44,8 +43,7 @@ def command(job_id: str, role: str, node: str | None, attempt: int | None, lines
         st = collect(job_id, job_dir, lines=0)
         lg = select_log(st, role, node, attempt)
     except StatusError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e))
     if path_only:
         click.echo(lg.path)
         return
@@ -70,8 +68,7 @@ def _follow(job_id: str, job_dir: str | None, role: str, node: str | None, attem
     try:
         first = _target(job_id, job_dir, role, node, attempt, first=True)
     except StatusError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e))
 
     def state() -> Target:
         try:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launchgen.cli.common import EXIT_SPEC_ERROR, load_and_check, spec_argument, strict_option
+from launchgen.cli.common import load_and_check, spec_argument, strict_option
+from launchgen.cli.errors import fail
 
 if TYPE_CHECKING:
     from launchgen.estimate_spec import Measured
@@ -38,8 +39,7 @@ def _measured(job_dir: str) -> Measured:
     try:
         times = read_step_times(path, read_job_dir(path, None).record)
     except StatusError as exc:
-        click.echo(f"error: --from-run: {exc}", err=True)
-        raise click.exceptions.Exit(EXIT_SPEC_ERROR) from None
+        fail(f"--from-run: {exc}")
     return Measured(times.median, len(times.seconds), times.source)
 
 

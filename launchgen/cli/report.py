@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from launchgen import jobdir as J
+from launchgen.cli.errors import fail
 
 HELP = """\
 Write one HTML page about a job: its timeline (each role per node per attempt:
@@ -67,8 +68,7 @@ def command(job: str, output: str | None, job_dir: str | None) -> None:
         assert isinstance(st, postmortem.JobStatus)
         page = render_page(runreport.build(job_id, directory, st))
     except (StatusError, ReportDependencyError) as e:
-        click.echo(f"launchgen: error: {e}", err=True)
-        raise click.exceptions.Exit(2) from None
+        fail(str(e))
     target = Path(output) if output else directory / REPORT_FILE
     # written whole or not at all: a page cut short by a full disk would still open, showing less than was run
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from launchgen import tables
+from launchgen.cli.errors import fail
 from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
 from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
 from launchgen.tables import print_table, print_text
@@ -138,8 +139,7 @@ def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
     try:
         st = collect(job_id, job_dir, lines)
     except StatusError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        fail(str(e))
     if fmt == "json":
         click.echo(json.dumps(st.to_dict(), indent=2))
     else:
