@@ -20,14 +20,16 @@ role's settings; `launchgen.estimate_spec.estimate` gathers them from a spec. Th
   offload moves the optimizer state (and with `offload_params` the weights) off the GPU. LoRA: the frozen base in
   the precision's dtype, the adapters (r x (in + out) per adapted linear) in fp32 with fp32 gradients and moments.
   A reference model (KL with beta != 0 and no LoRA) is one more copy of the weights.
-* **Activations** (a rough bound): with gradient checkpointing each decoder layer's bf16 input is kept
-  (tokens x hidden x 2 bytes x layers), without it every layer's activations (`ACT_*_UNITS` below); the peak is
+* **Activations** (a rough bound), in elements of the compute dtype (2 bytes under bf16/fp16, 4 in an fp32 run:
+  `activation_element_bytes`): with gradient checkpointing each decoder layer's input is kept
+  (tokens x hidden x layers elements), without it every layer's activations (`ACT_*_UNITS` below); the peak is
   the larger of the start of the backward pass (all kept activations plus the log-prob head's fp32 tiles,
   `model.logits_chunk_mib` (at most the pass's tokens x vocabulary) x `LOGIT_TILE_COPIES`, or the last layer's
   recomputation and the head's fp32 weight gradient) and its end (all gradients plus the first layer's working
   set): `peak_activation_bytes`. Tokens of a
   pass = per_device_train_batch_size x (prompt + completion), at most `max_tokens_per_forward`. Checked against
-  H200 peaks in benchmarks/RESULTS.md.
+  H200 peaks in benchmarks/RESULTS.md, and against the CPU allocator's peak of fp32 runs in
+  tests/trainers/test_estimate_cpu.py.
 * **Weight sync**: bytes pushed per optimizer step (every parameter, or with LoRA the merged adapted modules:
   vLLM's fused groups q/k/v and gate/up whole) over the link's effective bandwidth (`LINK_GB_PER_S`).
 * **GPU-hours**: measured seconds per step x max_steps x GPUs of the allocation / 3600.
@@ -68,8 +70,9 @@ SERVER_BATCHED_TOKENS = 8192
 SERVER_MAX_SEQS = 256
 #: Per trainer process, outside the allocator's count: CUDA context, cuBLAS/NCCL workspaces.
 TRAINER_RESERVE_GIB = 1.0
-#: Activation bytes per token per decoder layer, in units of a bf16 element per hidden / KV / intermediate
-#: feature: what autograd keeps for a Llama-family layer (norms, q/k/v, attention output, the SwiGLU MLP's inputs).
+#: Activation elements per token per decoder layer, per hidden / KV / intermediate
+#: feature (x activation_element_bytes): what autograd keeps for a Llama-family layer (norms, q/k/v, attention
+#: output, the SwiGLU MLP's inputs).
 #: Fitted to the two runs without gradient checkpointing in benchmarks/RESULTS.md (Qwen2.5-0.5B and 1.5B shapes,
 #: compiled layers, 18,432 tokens: 40.0 and 71.8 kB per token per layer); the a-priori 8 / 4 / 4 over-estimated
 #: them by 30 %. The runs with checkpointing, which use it for one layer's working set, were not fitted.
@@ -353,16 +356,23 @@ def _module_params(shape: ModelShape, name: str) -> int:
     return shape.num_hidden_layers * shape.hidden_size  # a norm
 
 
+def activation_element_bytes(precision: str) -> int:
+    """Bytes of one activation element: the autocast compute dtype (bf16/fp16), or fp32 for an fp32 run, whose
+    every kept tensor is twice the size (the ACT_* units count elements)."""
+    return 4 if precision == "fp32" else 2
+
+
 def activation_bytes(shape: ModelShape, s: TrainerSetup) -> tuple[int, int, int]:
     """(checkpointed/kept layer activations, one layer's working set, the log-prob head's working set) bytes of
     one forward/backward pass: a rough bound."""
     t = s.tokens_per_pass
-    per_layer = int(2 * (ACT_HIDDEN_UNITS * shape.hidden_size + ACT_KV_UNITS * shape.num_key_value_heads
+    a = activation_element_bytes(s.precision)
+    per_layer = int(a * (ACT_HIDDEN_UNITS * shape.hidden_size + ACT_KV_UNITS * shape.num_key_value_heads
                          * shape.head_size + ACT_INTERMEDIATE_UNITS * shape.intermediate_size))
-    kept = t * shape.hidden_size * 2 if s.gradient_checkpointing else t * per_layer
+    kept = t * shape.hidden_size * a if s.gradient_checkpointing else t * per_layer
     # a tile holds at most the pass's whole logits (a short pass never fills model.logits_chunk_mib)
     tile = min(s.logits_chunk_mib * 2**20, t * shape.vocab_size * 4)
-    head = LOGIT_TILE_COPIES * tile + t * shape.hidden_size * 2 * 2
+    head = LOGIT_TILE_COPIES * tile + t * shape.hidden_size * a * 2
     return kept * shape.num_hidden_layers, t * per_layer, head
 
 
@@ -397,7 +407,7 @@ def trainer_estimate(shape: ModelShape, s: TrainerSetup, gpu_gib: float | None) 
     n = max(1, s.processes)
     total = shape.parameter_count()
     w = DTYPE_BYTES[s.weight_dtype]
-    compute = 4 if s.precision == "fp32" else 2
+    compute = activation_element_bytes(s.precision)
     deepspeed = s.backend.startswith("deepspeed")
     shard_params = s.backend in ("fsdp", "deepspeed_zero3")
     shard_grads = s.backend != "ddp"
