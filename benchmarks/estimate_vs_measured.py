@@ -42,7 +42,8 @@ def predict(key: str, lora: bool, overrides: list[str], checkpointing: bool = Tr
     sets = dict(o.split("=", 1) for o in overrides)
     mtpf = int(sets["max_tokens_per_forward"]) if "max_tokens_per_forward" in sets else None
     setup = TrainerSetup(
-        backend="ddp", processes=1, precision="bf16", weight_dtype="bfloat16", gradient_checkpointing=checkpointing,
+        backend="ddp", processes=1, precision=sets.get("precision", "bf16"),
+        weight_dtype=sets.get("model.dtype", "bfloat16"), gradient_checkpointing=checkpointing,
         rows=ROWS, prompt_tokens=PROMPT, completion_tokens=completion, max_tokens_per_forward=mtpf,
         lora_r=16 if lora else None, lora_targets=tuple(shape.layer_linears()) if lora else (),
         generation_kv_rows=ROWS if full else 0,  # full steps: the hf engine's static KV cache stays allocated
@@ -54,8 +55,10 @@ def label(row: dict[str, Any]) -> tuple[str, str, bool] | None:
     if row.get("mode") not in ("train", "full") or "peak_mem_gib" not in row:
         return None
     mode = "" if row["mode"] == "train" else ", full GRPO steps (generation too)"
-    if "config" in row and row.get("trainer") == "launchgen":
-        return f"cfg{row['config']}", f"config {row['config']} ({row['shape']}), full FT{mode}", False
+    if "config" in row and (row.get("trainer") == "launchgen" or str(row.get("trainer")).startswith("launchgen[")):
+        # a variant (`--lg-variant`, e.g. an fp32 run) names its overrides, which `predict` reads too
+        extra = f", {';'.join(row['overrides'])}" if row.get("overrides") else ""
+        return f"cfg{row['config']}", f"config {row['config']} ({row['shape']}), full FT{mode}{extra}", False
     if row.get("trainer") in ("launchgen-full", "launchgen-lora") and row["mode"] == "train":
         lora = row["trainer"] == "launchgen-lora"
         extra = f", {';'.join(row['set'])}" if row.get("set") else ""
@@ -80,7 +83,7 @@ def main(paths: list[str]) -> int:
             key, name, lora = got
             if gc == "off":
                 name += ", no gradient checkpointing"
-            pred = predict(key, lora, row.get("set") or [], gc != "off", row["mode"] == "full")
+            pred = predict(key, lora, row.get("set") or row.get("overrides") or [], gc != "off", row["mode"] == "full")
             meas = float(row["peak_mem_gib"])
             worst = max(worst, abs(pred / meas - 1))
             lines.append(f"| {name} | {meas:.2f} | {pred:.2f} | {pred / meas:.2f} ({(pred / meas - 1) * 100:+.0f} %) |")
