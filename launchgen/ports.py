@@ -82,3 +82,19 @@ def replica_port(base: int, replica: int) -> int:
     """The base port of `vllm.replicas` replica `replica` (0 keeps `base`; launchgen.replicas caps the count at 10,
     so a job's replica ports stay inside the 10 ports between two jobs' offsets)."""
     return base + replica
+
+
+def bindable(port: int, *, reuse_addr: bool) -> bool:
+    """Whether a listener could bind `port` on every address of this host now. `reuse_addr`: as the servers that
+    will bind it (uvicorn, torch's TCPStore) do, so connections of an earlier owner in TIME_WAIT do not count as in
+    use and only a live listener does; without it, those count too (the stricter view of `check --live`)."""
+    import socket  # here, not at the top: `check` and `render` import this module and never bind
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from launchgen import ports
+
 from .vllm_client import VLLMServerError, VLLMTimeoutError
 from .weight_transfer import GlooTransport, NCCLTransport, TensorMeta, Transport
 
@@ -119,7 +121,6 @@ def run_daemon(
     return thread, outcome
 
 
-
 def wait_port_free(port: int, timeout: float) -> bool:
     """True once nothing listens on `port` on this host (a bind with SO_REUSEADDR succeeds, as the group's TCPStore
     needs), polled until `timeout`; False if it stays taken.
@@ -129,17 +130,11 @@ def wait_port_free(port: int, timeout: float) -> bool:
     server's workers then wait their whole group timeout on a port nobody serves (an intermittent 60 s
     "client socket has timed out" in the real-vLLM tier)."""
     deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("", port))
-                return True
-            except OSError:
-                pass
+    while not ports.bindable(port, reuse_addr=True):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
+    return True
 
 
 def snapshot(tensor: torch.Tensor) -> torch.Tensor:

@@ -240,12 +240,7 @@ def probe_gpus(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
 
 
 def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
+    return ports.bindable(port, reuse_addr=False)
 
 
 def probe_ports(ctx: Ctx, is_free: Callable[[int], bool] = port_free) -> Iterator[Issue]:
