@@ -311,12 +311,12 @@ def test_a_broken_broadcast_is_put_down_to_the_server_only_when_its_health_says_
     blames itself: 503 or a refused connection names the server; a healthy server leaves the WeightSyncError."""
     closed = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:57995")
     env = {"LAUNCHGEN_STANDIN_NEVER_HEALTHY": "1"} if server == "engine dead" else {}
-    s = start_standin(tiny_model_dir, logdir, env=env, wait=server == "healthy")
+    s = start_standin(tiny_model_dir, logdir, env=env)  # listening, the engine-dead one too
     try:
         if server == "gone":
             s.stop()
-        else:
-            VLLMClient("127.0.0.1", s.port).wait_for_health(30) if server == "healthy" else _wait_listening(s.port)
+        elif server == "healthy":
+            VLLMClient("127.0.0.1", s.port).wait_for_health(30)
         client = VLLMClient("127.0.0.1", s.port)
         start = time.monotonic()
         got = broadcast_failure(closed, client.health_problem, client.where, window=1.5)
@@ -363,19 +363,6 @@ def test_a_renewed_group_waits_for_the_old_stores_port() -> None:
     start = time.monotonic()
     assert wait_port_free(port, 10) is True
     assert 0.5 <= time.monotonic() - start < 5
-
-
-def _wait_listening(port: int, timeout: float = 60) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"nothing listens on {port}"
-            time.sleep(0.2)
 
 
 def test_a_rendezvous_the_servers_workers_cannot_reach_fails_within_its_own_timeout_naming_both_ends(
