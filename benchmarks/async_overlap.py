@@ -68,7 +68,7 @@ def _cfg(root: Path, model: Path, port: int, name: str, a: argparse.Namespace, *
 def _restore(port: int, model: Path) -> None:
     """Every run starts from the model file's weights on the server, as a fresh server would hold."""
     import torch
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation.vllm_server import VLLMServerBackend
     from transformers import AutoModelForCausalLM
 
@@ -87,7 +87,7 @@ def _restore(port: int, model: Path) -> None:
 def _train(cfg: dict[str, Any]) -> dict[str, Any]:
     """One in-process run; the wall time of every optimizer step (from one `_record` call to the next)."""
     from launchgen.trainers import core
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     stamps: list[float] = []
     original = core.Trainer._record

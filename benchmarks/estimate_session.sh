@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device call of issue 26: the peak memory of the benchmark configs (launchgen full fine-tuning at the 0.5B,
 # 1.5B and 3B shapes, the 151k-vocabulary config, LoRA at 3B; the training phase on fixed completions, as
-# benchmarks/RESULTS.md measured them) next to launchgen/estimate.py's prediction. Carried: .whl (transformers
+# benchmarks/RESULTS.md measured them) next to launchgen/shared/estimate.py's prediction. Carried: .whl (transformers
 # 5.22.2, accelerate 1.16.0, peft 0.21.2, liger-kernel 0.8.5, pydantic 2.14.4 + pydantic-core, annotated-types,
 # typing-inspection). Logs and tables under $OUT.
 #   bash benchmarks/estimate_session.sh            # the five configs

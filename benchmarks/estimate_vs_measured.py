@@ -1,4 +1,4 @@
-"""The memory estimate (`launchgen/estimate.py`) against the peaks the benchmark harnesses measure (issue 26).
+"""The memory estimate (`launchgen/shared/estimate.py`) against the peaks the benchmark harnesses measure (issue 26).
 
 Reads the `results.jsonl` rows of `grpo_vs_trl.py` (configs 1-3, `--modes train`) and `grpo_lora.py` (`--modes
 train`, launchgen-full / launchgen-lora) and prints, per row, the estimator's prediction of
@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launchgen.estimate import ModelShape, TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.estimate import ModelShape, TrainerSetup, allocated_gib, trainer_estimate
 
 #: The harnesses' shapes (grpo_vs_trl.CONFIGS, grpo_lora.SHAPES), repeated so this runs without torch:
 #: hidden, layers, heads, KV heads, intermediate, vocab, completion tokens, Liger layers.

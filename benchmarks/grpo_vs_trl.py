@@ -390,7 +390,7 @@ def launchgen_config(model_dir: Path, shape: Shape, data_path: Path, a: argparse
     """The launchgen equivalent of `run_trl`'s GRPOConfig; `overrides` (`dotted.key=value`, as `--set` in the
     rendered scripts) are launchgen-only knobs of a variant (compile, passes, chunk sizes), never the algorithm's."""
     import torch
-    from launchgen.trainers.config import TrainerConfig, apply_override
+    from launchgen.trainers.declarations.config import TrainerConfig, apply_override
 
     cuda = torch.cuda.is_available()
     data: dict[str, Any] = {

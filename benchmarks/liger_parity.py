@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from launchgen.trainers import modeling
     from launchgen.trainers.algorithms import grpo as g
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.tiny import build_tiny_model
     from transformers import AutoModelForCausalLM
 

@@ -48,9 +48,9 @@ def spec(work: Path, model: Path, trainer: str, steps: int, device: str, shape: 
 
 
 def job(work: Path, model: Path, trainer: str, steps: int, device: str, shape: dict[str, int]) -> float:
-    from launchgen.loader import load_spec_text
-    from launchgen.plan import build_plan
-    from launchgen.render import render_script
+    from launchgen.input.loader import load_spec_text
+    from launchgen.planning.plan import build_plan
+    from launchgen.script.render import render_script
 
     d = work / f"{trainer}-{steps}"
     shutil.rmtree(d, ignore_errors=True)  # the benchmark's own job directory: a rerun starts fresh, never resumes

@@ -36,7 +36,7 @@ def _wall(cfg: Any, run: Any) -> float:
 
 
 def trl_run(tmp: Path, model: Path, name: str, steps: int, tag: str = "") -> float:
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
     from launchgen.trainers.trl.run import run
     from trl_runs import trl_cfg
 
@@ -47,8 +47,8 @@ def trl_run(tmp: Path, model: Path, name: str, steps: int, tag: str = "") -> flo
 
 
 def bundled_run(tmp: Path, model: Path, name: str, steps: int, tag: str = "") -> float:
-    from launchgen.trainers.configs import parse_trainer_config
     from launchgen.trainers.core import run
+    from launchgen.trainers.declarations.configs import parse_trainer_config
     from toy_runs import toy_cfg
 
     d = tmp / f"b-{name}-{steps}{tag}"

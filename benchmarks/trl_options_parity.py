@@ -131,7 +131,7 @@ class _OneProcess:
 
 
 def _our_side(fx: Fixture, case: Case) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.objectives.grpo import GRPOObjective
     from launchgen.trainers.stats import StepStats, reduce_step
 

@@ -91,7 +91,7 @@ class _StubBackend:
 def _ours(model_dir: str, work: Path, comps: list[list[int]], agg: str, scale: str, eos: int
           ) -> tuple[torch.Tensor, dict[str, float]]:
     from accelerate import Accelerator
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation import backends
     from launchgen.trainers.objectives.grpo import GRPOObjective
     from transformers import AutoModelForCausalLM, AutoTokenizer

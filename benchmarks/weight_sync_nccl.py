@@ -85,7 +85,7 @@ def _sharded_worker(rank: int, model_dir: str, server_port: int, group_port: int
                       MASTER_PORT=str(master_port), LAUNCHGEN_WEIGHT_TRANSPORT="gloo")  # fmt: skip
     import torch
     from accelerate import PartialState
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation.protocol import SamplingParams
     from launchgen.trainers.generation.vllm_server import VLLMServerBackend
     from torch.distributed.device_mesh import init_device_mesh

@@ -22,7 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from launchgen.visible import visible
+from launchgen.shared.visible import visible
 
 #: between the items of a record
 SEP = "; "

@@ -1,1 +1,1 @@
-"""Jinja templates for rendered job scripts (package data; see launchgen.render)."""
+"""Jinja templates for rendered job scripts (package data; see launchgen.script.render)."""

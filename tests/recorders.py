@@ -23,7 +23,7 @@ time.sleep(60)
 
 RECORD_ACCELERATE = """\
 import json, os, sys, time
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 rec = os.environ["REC_DIR"]
 args = sys.argv[1:]
 tail = args[args.index("-m") + 2:]

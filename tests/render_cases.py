@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launchgen.loader import load_spec_text
-from launchgen.plan import Plan, bash_issues, build_plan
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import Plan, bash_issues, build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""launchgen.allocprobe's probes, in-process on real sockets and files (the SLURM scenarios run them in jobs:
+"""launchgen.jobside.allocprobe's probes, in-process on real sockets and files (the SLURM scenarios run them in jobs:
 tests/slurm/test_preflight_slurm.py; the --bash ones: test_render_faults.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launchgen import allocprobe as A
+from launchgen.jobside import allocprobe as A
 
 
 def _free_port() -> int:
@@ -181,8 +181,8 @@ def test_bf16_is_judged_per_role_from_the_gpus_it_gets_and_never_fails_without_n
 def test_the_rendered_facts_say_what_each_example_asks(tmp_path: Path) -> None:
     from render_cases import plan_for
 
-    from launchgen.compat import vllm_serve_flag_table
-    from launchgen.preflightfacts import facts
+    from launchgen.script.preflightfacts import facts
+    from launchgen.shared.compat import vllm_serve_flag_table
 
     split = facts(plan_for("single-node-split"))
     assert split["bf16"] == ["server", "trainer"] and split["plugin"] is None

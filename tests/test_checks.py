@@ -18,8 +18,8 @@ import yaml
 
 from launchgen import checks
 from launchgen.checks import CODES, run_checks
-from launchgen.issues import Issue
-from launchgen.loader import load_spec_text
+from launchgen.input.loader import load_spec_text
+from launchgen.shared.issues import Issue
 
 DELETE = object()
 
@@ -274,7 +274,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG910", {"job": {"output_dir": "runs/a\tb"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG911", {"job": {"output_dir": "runs/$(whoami)"}}, "job.output_dir", "output_dir:", 1, "error"),
     ("LG915", {"vllm": {"device": "cpu"}}, "vllm.device", "device: cpu", 1, "error"),
-    # TRL's own trainers (launchgen.trl_config, launchgen.checks.spec.trl): train.args takes TRL's field names
+    # TRL's own trainers (launchgen.kinds.trl_config, launchgen.checks.spec.trl): train.args takes TRL's field names
     ("LG901", {"train": {"trainer": "trl.grpo", "args": {"num_generation": 4}}}, "train.args.num_generation",
      "num_generation:", 1, "error"),
     ("LG920", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1},
@@ -454,7 +454,7 @@ def test_owned_argument_gets_one_message(model_dir: Path, value: str, code: str)
 
 
 def test_port_offset_constant_matches_plan() -> None:
-    from launchgen.plan import MAX_PORT_OFFSET
+    from launchgen.planning.plan import MAX_PORT_OFFSET
 
     assert checks.PORT_OFFSET_MAX == MAX_PORT_OFFSET
 

@@ -194,7 +194,7 @@ def test_schema_json_and_markdown() -> None:
 
 
 def test_check_explain_prints_the_plan(tmp_path: Path) -> None:
-    import launchgen.planview  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
+    import launchgen.planning.view  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     r = run("check", "--explain", write(tmp_path, GOOD))
     assert r.exit_code == 0, r.output
     assert r.stdout.strip(), "the plan view goes to stdout"

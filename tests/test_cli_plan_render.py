@@ -10,9 +10,9 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from launchgen.cli import main
-from launchgen.loader import load_spec
-from launchgen.plan import build_plan
-from launchgen.render import render_script
+from launchgen.input.loader import load_spec
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = str(ROOT / "examples" / "single-node-split.yaml")

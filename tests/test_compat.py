@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from launchgen import compat
-from launchgen.compat import parse_version as V
-from launchgen.issues import Issue
+from launchgen.shared import compat
+from launchgen.shared.compat import parse_version as V
+from launchgen.shared.issues import Issue
 
 
 def codes(issues: list[Issue]) -> list[str]:

@@ -26,10 +26,10 @@ from render_cases import plan_for
 
 from launchgen.checks import Ctx
 from launchgen.checks.live import containers as containerchecks
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.render import render_script, render_steps, words
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script, render_steps, words
+from launchgen.shared.issues import SpecError
 
 #: pyxis' SPANK options (args.c spank_opts), with whether each takes a value
 PYXIS_OPTIONS = {"container-image": True, "container-mounts": True, "container-workdir": True,
@@ -315,7 +315,7 @@ def test_live_probe_through_check_live_on_this_machine(tmp_path: Path, monkeypat
 
 
 def test_plan_view_names_each_roles_container_and_the_het_components() -> None:
-    from launchgen.planview import summary_lines
+    from launchgen.planning.view import summary_lines
 
     lines = summary_lines(plan_for("container-pyxis"))
     assert "server container: nvcr.io#nvidia/vllm:25.09-py3 (pyxis, from vllm.container)" in lines

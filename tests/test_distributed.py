@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from launchgen.accelerate_config import accelerate_config
 from launchgen.checks import run_checks  # registers every check
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.spec import DistributedSection
+from launchgen.input.loader import load_spec_text
+from launchgen.input.spec import DistributedSection
+from launchgen.planning.accelerate_config import accelerate_config
+from launchgen.planning.plan import build_plan
 
 
 def _accelerate_parses(cfg: dict[str, Any], tmp_path: Path) -> Any:

@@ -1,4 +1,4 @@
-"""The memory / weight-sync / GPU-hour estimate (`launchgen/estimate.py`, issue 26): formulas against hand counts
+"""The memory / weight-sync / GPU-hour estimate (`launchgen/shared/estimate.py`, issue 26): formulas against hand counts
 of known models, and what `plan` and `check` make of it. The trainer's real tensors on CPU are compared in
 tests/trainers/test_estimate_cpu.py; the H200 peaks in benchmarks/RESULTS.md."""
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from launchgen.trainers.peft_config import FUSED_GROUPS
+from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
 
 from launchgen.cli import main
-from launchgen.estimate import (
+from launchgen.shared.estimate import (
     GIB,
     MARGIN,
     ModelShape,
@@ -357,7 +357,7 @@ def test_plan_from_run_gives_gpu_hours(tmp_path: Path) -> None:
 def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
     from launchgen.checks.live.command import Result
     from launchgen.checks.live.probes import live_checks
-    from launchgen.loader import load_spec
+    from launchgen.input.loader import load_spec
 
     spec = yaml.safe_load(_ddp_one_node(tmp_path).read_text())
     spec["train"]["backend"] = "deepspeed_zero3"
@@ -386,8 +386,8 @@ def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
 
 def _estimate_of(path: Path, **extra: Any) -> Any:
     from launchgen.checks.context import Ctx
-    from launchgen.estimate_spec import estimate
-    from launchgen.loader import load_spec_text
+    from launchgen.input.loader import load_spec_text
+    from launchgen.planning.estimate_spec import estimate
 
     spec = yaml.safe_load(path.read_text())
     for section, values in extra.items():

@@ -1,4 +1,4 @@
-"""Heterogeneous jobs (launchgen.hetjob): the server's own partition/account/qos/GPU type renders `#SBATCH hetjob`
+"""Heterogeneous jobs (launchgen.planning.hetjob): the server's own partition/account/qos/GPU type renders `#SBATCH hetjob`
 with the trainer nodes as component 0 and the server nodes as component 1. The real run is
 tests/slurm/test_hetjob_slurm.py; here the rendered lines and what stays a plain job."""
 
@@ -10,10 +10,10 @@ import pytest
 import yaml
 from render_cases import plan_for
 
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.render import render_script, render_steps
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script, render_steps
+from launchgen.shared.issues import SpecError
 
 
 def _spec(**vllm: Any) -> dict[str, Any]:

@@ -7,10 +7,10 @@ circles (a circle of annotations is still a design circle) but not for the layer
 
 The layers:
 
-* the shared layer (`SHARED`): launchgen's torch-free modules the trainers may import (the job-directory
+* the shared layer (`launchgen/shared/`): launchgen's torch-free modules the trainers may import (the job-directory
   contract, precision, ports, version windows, the layout's TP/DP predicates, the memory estimate's constants);
   they import nothing outside the layer at run time.
-* the trainers' declarations (`DECLARATIONS`): the torch-free part of `launchgen.trainers` that the login-node
+* the trainers' declarations (`trainers/declarations/`): the torch-free part of `launchgen.trainers` that the login-node
   code may import (each trainer's config class and facts, the backends' capabilities, the data readers `check`
   peeks with, the reward names, TRL's field table); they import only declarations and the shared layer.
 * the login-node code: every other `launchgen.*` module. It imports no trainers' runtime module.
@@ -26,19 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"launchgen": ROOT / "launchgen", "launchgen.trainers": ROOT / "trainers"}
 
-SHARED = frozenset({
-    "launchgen", "launchgen.jobdir", "launchgen.precision", "launchgen.ports", "launchgen.compat", "launchgen.issues",
-    "launchgen.visible", "launchgen.layout", "launchgen.estimate",
-})
-#: Modules of launchgen.trainers the login-node code may import (package prefixes end with a dot).
-DECLARATIONS = (
-    "launchgen.trainers", "launchgen.trainers.declaration", "launchgen.trainers.config", "launchgen.trainers.configs",
-    "launchgen.trainers.configs.", "launchgen.trainers.algorithm_options", "launchgen.trainers.peft_config",
-    "launchgen.trainers.datafiles", "launchgen.trainers.errors", "launchgen.trainers.rewards",
-    "launchgen.trainers.generation", "launchgen.trainers.generation.capabilities",
-    "launchgen.trainers.trl", "launchgen.trainers.trl.entries", "launchgen.trainers.trl.fields",
-    "launchgen.trainers.trl.config",
-)
+#: The layers are folders: the shared layer is `launchgen/shared/` (with the `launchgen` package itself, which holds
+#: only the version), the declarations are `trainers/declarations/` (with the `launchgen.trainers` package).
+SHARED_FOLDER = "launchgen.shared"
+DECLARATIONS_FOLDER = "launchgen.trainers.declarations"
 
 
 def _modules() -> dict[str, Path]:
@@ -138,14 +129,21 @@ def _is_trainers(m: str) -> bool:
     return m == "launchgen.trainers" or m.startswith("launchgen.trainers.")
 
 
+def _in(m: str, folder: str) -> bool:
+    return m == folder or m.startswith(folder + ".")
+
+
 def _is_declaration(m: str) -> bool:
-    return any(m == d or (d.endswith(".") and m.startswith(d)) for d in DECLARATIONS)
+    return m == "launchgen.trainers" or _in(m, DECLARATIONS_FOLDER)
+
+
+SHARED = frozenset(m for m in MODULES if m == "launchgen" or _in(m, SHARED_FOLDER))
 
 
 def test_the_graph_is_read() -> None:
     graph = _graph(runtime_only=False)
     assert len(MODULES) > 100 and "launchgen.trainers.core" in MODULES and "launchgen.checks.runner" in MODULES
-    assert "launchgen.plan" in graph["launchgen.checks.runner"]  # a function-level import counts
+    assert "launchgen.planning.plan" in graph["launchgen.checks.runner"]  # a function-level import counts
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -177,3 +175,25 @@ def test_the_shared_layer_and_the_declarations_stay_small() -> None:
     bad += sorted(f"{m} -> {t}" for m, targets in on_import.items() if _is_trainers(m) and _is_declaration(m)
                   for t in targets if not (t in SHARED or _is_declaration(t)))
     assert bad == []
+
+
+#: A flat package hides its layers; a module directly under launchgen/ is the exception, not the home.
+MAX_TOP_LEVEL_MODULES = 15
+#: A file past this mixes jobs: split it by what it holds.
+MAX_FILE_LINES = 600
+
+
+def test_launchgen_holds_its_modules_in_stage_folders() -> None:
+    top = sorted(p.name for p in (ROOT / "launchgen").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    # every stage folder is a package with a docstring that says what the stage holds
+    for folder in (ROOT / "launchgen").iterdir():
+        if folder.is_dir() and folder.name != "__pycache__":
+            init = folder / "__init__.py"
+            assert init.is_file() and ast.get_docstring(ast.parse(init.read_text())), folder
+
+
+def test_no_source_file_is_over_the_line_limit() -> None:
+    long = sorted(f"{p.relative_to(ROOT)}: {n}" for folder in PACKAGES.values() for p in folder.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES)
+    assert long == []

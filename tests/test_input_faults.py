@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tools import tool
 
-from launchgen import directives
+from launchgen.input import directives
 
 
 def _spec(tmp: Path, **patch: Any) -> Path:
@@ -90,7 +90,7 @@ def test_a_trl_script_that_is_not_a_regular_file_is_refused_not_called_missing(t
 
 def test_specfiles_reads_regular_files_up_to_the_limit_only(tmp_path: Path, fifo: Path) -> None:
     # imported here, not at the top: the CLI tests above must run (and fail) on 3388ad8, which has no specfiles
-    from launchgen import specfiles
+    from launchgen.input import specfiles
 
     f = tmp_path / "c.json"
     f.write_text("x" * 10)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from launchgen import directives
 from launchgen.checks import run_checks
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec_text
+from launchgen.input import directives
+from launchgen.input.loader import load_spec_text
+from launchgen.shared.issues import SpecError
 
 BASE: dict[str, Any] = {
     "job": {"name": "demo"},
@@ -163,7 +163,7 @@ def test_lg802_leaves_other_flags_alone() -> None:
     ("2-00:00:00", 2 * 86400), ("0:90", 90), ("100:00:00", 100 * 3600),
 ])
 def test_time_limits_read_as_sbatch_reads_them(value: str, seconds: int) -> None:
-    from launchgen.spec import parse_time_limit
+    from launchgen.input.spec import parse_time_limit
 
     assert parse_time_limit(value) == seconds
 

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launchgen import trlnames
 from launchgen.checks import run_checks
 from launchgen.cli import main
-from launchgen.issues import Issue, SpecError
-from launchgen.loader import load_spec_text
-from launchgen.spec import Spec
+from launchgen.input import trlnames
+from launchgen.input.loader import load_spec_text
+from launchgen.input.spec import Spec
+from launchgen.shared.issues import Issue, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_accelerate_process_count_says_where_the_world_size_comes_from() -> None
 
 def test_trl_table_points_only_at_paths_that_exist() -> None:
     spec_paths = _paths(Spec)
-    from launchgen.trainers.configs import CONFIGS
+    from launchgen.trainers.declarations.configs import CONFIGS
 
     args_paths = {f"train.args.{p}" for cls in CONFIGS.values() for p in _paths(cls)}
     for t in trlnames.TRL_NAMES:
@@ -141,7 +141,7 @@ def test_trl_table_points_only_at_paths_that_exist() -> None:
 def _paths(model: type, prefix: str = "") -> set[str]:
     from pydantic import BaseModel
 
-    from launchgen.hints import _alternatives
+    from launchgen.input.hints import _alternatives
 
     out = set()
     for name, f in model.model_fields.items():  # type: ignore[attr-defined]
@@ -155,9 +155,9 @@ def _paths(model: type, prefix: str = "") -> set[str]:
 
 def test_trl_names_doc_matches_the_table() -> None:
     doc = (ROOT / "docs" / "trl-names.md").read_text()
-    from launchgen.trl_config import names_page
+    from launchgen.kinds.trl_config import names_page
 
-    assert doc == names_page(), "regenerate docs/trl-names.md from launchgen.trl_config.names_page()"
+    assert doc == names_page(), "regenerate docs/trl-names.md from launchgen.kinds.trl_config.names_page()"
     for t in trlnames.TRL_NAMES:
         assert f"| `{t.trl}` |" in doc
 
@@ -174,7 +174,7 @@ def test_trl_names_doc_matches_the_table() -> None:
 def test_no_class_names_in_messages(text: str) -> None:
     found = issues(text)
     assert found
-    # (the documented `launchgen.trainers.config.TrainerConfig` in LG901's fix is a reference, not a leak)
+    # (the documented `launchgen.trainers.declarations.config.TrainerConfig` in LG901's fix is a reference, not a leak)
     names = {"Spec", "VLLMSpec", "SlurmSection", "JobSection", "ModelSpec", "TrainSpec", "RoleEnv", "DataSection",
              "GenerationSection"}
     for i in found:

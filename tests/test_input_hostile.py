@@ -28,10 +28,10 @@ from recorders import install_recorders
 from tools import path_with_venv
 
 from launchgen.checks import run_checks
-from launchgen.issues import Issue, SpecError
-from launchgen.loader import load_spec_text
-from launchgen.render import render_script
-from launchgen.spec import Spec
+from launchgen.input.loader import load_spec_text
+from launchgen.input.spec import Spec
+from launchgen.script.render import render_script
+from launchgen.shared.issues import Issue, SpecError
 
 CANARY = "CANARY"
 PAYLOADS = {

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launchgen import status as S
 from launchgen.cli import main
-from launchgen.visible import visible
+from launchgen.readback import status as S
+from launchgen.shared.visible import visible
 
 ESC_TITLE = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J"

@@ -18,11 +18,11 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from launchgen import yamlguard
 from launchgen.cli import main
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec_text
-from launchgen.yamlguard import MAX_SPEC_BYTES
+from launchgen.input import yamlguard
+from launchgen.input.loader import load_spec_text
+from launchgen.input.yamlguard import MAX_SPEC_BYTES
+from launchgen.shared.issues import SpecError
 
 GOOD = """\
 job:

@@ -1,7 +1,7 @@
-"""The job-directory contract (launchgen.jobdir): every writer's output parses with the one reader.
+"""The job-directory contract (launchgen.shared.jobdir): every writer's output parses with the one reader.
 
 Writers: `format_event` (the Python form of `lg_event`), the rendered scripts' `lg_event` lines, the run-record
-writer the scripts run with `python3`, `Plan.to_json`, the trainers' completion marker, `launchgen.rank`'s pid
+writer the scripts run with `python3`, `Plan.to_json`, the trainers' completion marker, `launchgen.jobside.rank`'s pid
 and exit files. Readers: `parse_event`, `RunRecord.from_json`, `CompletionMarker.from_json`.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from render_cases import EXAMPLES, VARIANTS, plan_for, renderable
 
-from launchgen import jobdir as J
-from launchgen.render import render_script
+from launchgen.script.render import render_script
+from launchgen.shared import jobdir as J
 
 #: a sample for every declared field, as the scripts write them
 SAMPLES = {"job": "1234", "attempt": "0", "restart_count": "2", "spec_sha256": "ab" * 32,
@@ -73,7 +73,7 @@ def _check_declared(text: str) -> str:
     ev = J.parse_event(f"2026-12-02T13:00:00Z {text}")
     assert ev is not None, text
     kind = J.EVENTS.get(ev.name)
-    assert kind is not None, f"{text!r}: event {ev.name!r} is not declared in launchgen.jobdir"
+    assert kind is not None, f"{text!r}: event {ev.name!r} is not declared in launchgen.shared.jobdir"
     # `@` is a run-time value: as a word, one of the declared words (`signal $1`)
     assert all(w in kind.words or (w == "@" and kind.words) for w in ev.words), text
     assert set(ev.fields) <= set(kind.keys), text
@@ -92,7 +92,7 @@ def test_rendered_event_lines_are_declared_events(name: str, sched: str) -> None
     assert J.RUN_RECORD_WRITER in script
     # what `status` looks for in a batch script and a batch log
     assert f"\n{J.OUTPUT_DIR_VAR}=" in script and f"{J.LOGS_ANNOUNCEMENT} $LG_LOG_DIR" in script
-    assert f"\n{J.ENV_PID_DIR}=" in script  # where launchgen.rank writes and steps/signal.sh reads
+    assert f"\n{J.ENV_PID_DIR}=" in script  # where launchgen.jobside.rank writes and steps/signal.sh reads
 
 
 def test_every_declared_event_is_written_by_some_script() -> None:
@@ -175,7 +175,7 @@ def test_layout_names() -> None:
 
 def test_rank_writes_the_contracts_pid_and_exit_files(tmp_path: Path) -> None:
     env = {**os.environ, J.ENV_PID_DIR: str(tmp_path), J.ENV_NODE_NAME: "nodeZ", "RANK": "2"}
-    p = subprocess.run([sys.executable, "-m", "launchgen.rank", "json.tool", "--help"], env=env,
+    p = subprocess.run([sys.executable, "-m", "launchgen.jobside.rank", "json.tool", "--help"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert J.pid_file(tmp_path, "nodeZ", 2).read_text().strip().isdigit()
@@ -229,10 +229,10 @@ def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
 
 def test_the_contract_is_standard_library_only() -> None:
     """Trainers, login-node verbs and the compute node's python3 all read it: it pulls in nothing else."""
-    code = ("import sys, launchgen.jobdir; "
+    code = ("import sys, launchgen.shared.jobdir; "
             "print(sorted(m for m in sys.modules if m.startswith('launchgen') or m in ('pydantic', 'yaml', 'jinja2')))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert p.stdout.strip() == "['launchgen', 'launchgen.jobdir']"
+    assert p.stdout.strip() == "['launchgen', 'launchgen.shared.jobdir']"
 
 
 def test_templates_take_the_pid_directory_from_the_contract() -> None:

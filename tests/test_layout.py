@@ -20,9 +20,9 @@ from test_property import _dump, mutated_specs
 
 import launchgen.checks.registry as registry
 from launchgen import checks
-from launchgen.issues import Issue, SpecError
-from launchgen.layout import Layout, resolve_layout, tp_divides
-from launchgen.loader import LoadedSpec, load_spec_text
+from launchgen.input.loader import LoadedSpec, load_spec_text
+from launchgen.shared.issues import Issue, SpecError
+from launchgen.shared.layout import Layout, resolve_layout, tp_divides
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -21,8 +21,8 @@ from launchgen.checks.live import probes as live
 from launchgen.checks.live.command import ProbeSkipped, Result, run_command
 from launchgen.checks.live.probes import gpus_in_gres, live_checks
 from launchgen.cli import main
-from launchgen.issues import Issue
-from launchgen.loader import load_spec_text
+from launchgen.input.loader import load_spec_text
+from launchgen.shared.issues import Issue
 
 SPEC = """\
 job: {{name: demo}}

@@ -1,5 +1,5 @@
 """One table of which spec field owns which trainer argument and what launchgen writes into it
-(`launchgen.ownership.OWNED`): each owned argument is one row that says what launchgen writes into it or who sets
+(`launchgen.kinds.ownership.OWNED`): each owned argument is one row that says what launchgen writes into it or who sets
 it instead, and every written value lands on a field of the trainer's config, so `train.args` can never fight
 launchgen over it."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 
-from launchgen.ownership import COPIED, NOT_COPIED, OWNED, Owned, owned_args, owned_paths
+from launchgen.kinds.ownership import COPIED, NOT_COPIED, OWNED, Owned, owned_args, owned_paths
 
 
 def _under(path: str, owner: str) -> bool:

@@ -8,9 +8,8 @@ import pytest
 import yaml
 
 from launchgen.checks import run_checks
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec, load_spec_text
-from launchgen.plan import (
+from launchgen.input.loader import load_spec, load_spec_text
+from launchgen.planning.plan import (
     HEALTH_CLIENT_MARGIN_S,
     Plan,
     PlanInvariantError,
@@ -21,6 +20,7 @@ from launchgen.plan import (
     resolve_precision,
     spec_hash,
 )
+from launchgen.shared.issues import SpecError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -85,7 +85,7 @@ def test_single_node_split_example() -> None:
     assert targv[:2] == ["accelerate", "launch"]
     assert targv[targv.index("--num_processes") + 1] == "4"
     assert targv[targv.index("--machine_rank") + 1] == "${LG_MACHINE_RANK}"  # evaluated on the node
-    assert targv[targv.index("-m") + 1: targv.index("-m") + 3] == ["launchgen.rank", "launchgen.trainers.grpo"]
+    assert targv[targv.index("-m") + 1: targv.index("-m") + 3] == ["launchgen.jobside.rank", "launchgen.trainers.grpo"]
     assert "generation.vllm_server.host=${LG_SERVER_HOST_YAML}" in targv
     assert "generation.vllm_server.group_port=${LG_GROUP_PORT}" in targv
     # dev mode only on the server; the trainer explicitly drops it
@@ -221,7 +221,7 @@ def test_spec_hash_is_stable_and_sensitive() -> None:
 
 
 def test_refs_name_documented_runtime_variables() -> None:
-    from launchgen.plan import runtime_var_documented
+    from launchgen.planning.plan import runtime_var_documented
 
     for path in EXAMPLES.glob("*.yaml"):
         plan = build_plan(load_spec(path))

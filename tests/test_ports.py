@@ -1,4 +1,4 @@
-"""launchgen.ports (issue 17): `job.port_offset: job_id` never carries a port into the ephemeral range, the job
+"""launchgen.shared.ports (issue 17): `job.port_offset: job_id` never carries a port into the ephemeral range, the job
 scripts compute exactly what the checks assume, and ports the wrap could make equal are refused."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from launchgen import ports
 from launchgen.checks import run_checks
-from launchgen.loader import load_spec_text
+from launchgen.input.loader import load_spec_text
+from launchgen.shared import ports
 
 BASES = [1024, 8000, 22767, 22768, 29500, 29550, 29551, 32000, 32767, 61000, 65535 - ports.MAX_OFFSET]
 
@@ -57,15 +57,15 @@ def test_defaults_pass_and_ports_the_wrap_makes_equal_are_refused() -> None:
 
 
 def test_each_port_has_one_default_on_both_sides() -> None:
-    # the spec, the trainer config and the trainer's backend and client all take launchgen.ports' defaults: a trainer
+    # the spec, the trainer config and the trainer's backend and client all take launchgen.shared.ports' defaults: a trainer
     # run with the config launchgen writes, or by hand without one, binds the same rendezvous port
     import inspect
 
-    from launchgen.trainers.config import VLLMServerSection
+    from launchgen.trainers.declarations.config import VLLMServerSection
     from launchgen.trainers.generation.vllm_client import VLLMClient
     from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 
-    from launchgen.spec import TrainSpec, VLLMSpec
+    from launchgen.input.spec import TrainSpec, VLLMSpec
 
     def default(fn: object, name: str) -> object:
         return inspect.signature(fn).parameters[name].default  # type: ignore[arg-type]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from launchgen import jobdir as J
-from launchgen.postmortem import analyse
-from launchgen.slurmquery import SchedulerInfo
+from launchgen.readback.postmortem import analyse
+from launchgen.readback.slurmquery import SchedulerInfo
+from launchgen.shared import jobdir as J
 
 T0 = 1764680000.0
 

@@ -143,7 +143,7 @@ def test_reward_module_missing(submit: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def test_reward_registry_imports_no_torch() -> None:
-    code = ("import sys, launchgen.trainers.rewards as r, launchgen.trainers.datafiles, launchgen.checks;"
+    code = ("import sys, launchgen.trainers.declarations.rewards as r, launchgen.trainers.declarations.datafiles, launchgen.checks;"
             "print(sorted(r.BUILTINS), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['accuracy', 'format', 'length'] False"
@@ -152,7 +152,7 @@ def test_reward_registry_imports_no_torch() -> None:
 def test_builtin_columns_match_the_reward_functions() -> None:
     import inspect
 
-    from launchgen.trainers.rewards import BUILTIN_COLUMNS, BUILTINS
+    from launchgen.trainers.declarations.rewards import BUILTIN_COLUMNS, BUILTINS
 
     for name, cols in BUILTIN_COLUMNS.items():
         params = inspect.signature(BUILTINS[name]).parameters
@@ -243,8 +243,8 @@ def test_save_to_disk_folders(submit: Path) -> None:
 
 def test_trainer_reads_save_to_disk_folders(submit: Path) -> None:
     import datasets
-    from launchgen.trainers.config import DataSection
     from launchgen.trainers.data import load_rows
+    from launchgen.trainers.declarations.config import DataSection
 
     rows = [{"q": f"{i}+1?", "answer": str(i + 1)} for i in range(2500)]
     datasets.Dataset.from_list(rows).save_to_disk(str(submit / "ds"), max_shard_size="20KB")

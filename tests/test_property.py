@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from launchgen.checks import has_errors, run_checks
 from launchgen.cli import main
-from launchgen.issues import SpecError
-from launchgen.loader import load_spec_text
+from launchgen.input.loader import load_spec_text
+from launchgen.shared.issues import SpecError
 
 NASTY = st.sampled_from([
     "plain", "with space", "quote'single", 'quote"double', "$(touch /tmp/pwned)", "`id`", "a\nb", "semi;colon",

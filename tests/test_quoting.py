@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from recorders import install_recorders
 from tools import path_with_venv
 
-from launchgen import outdir
 from launchgen.checks import run_checks
-from launchgen.loader import load_spec_text
-from launchgen.plan import PlanInvariantError, build_plan
-from launchgen.render import render_script
+from launchgen.input.loader import load_spec_text
+from launchgen.planning import outdir
+from launchgen.planning.plan import PlanInvariantError, build_plan
+from launchgen.script.render import render_script
 
 INJECTIONS = [
     "$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "', "$(touch {c})\n", "\n touch {c}\n",
@@ -97,7 +97,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         res = subprocess.run(["bash", str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=60)
         assert not canary.exists(), "a spec value was executed"
-        try:  # the run-time expansion (launchgen.outdir: $NAME, %j, %x, ...), relative to the submit directory
+        try:  # the run-time expansion (launchgen.planning.outdir: $NAME, %j, %x, ...), relative to the submit directory
             job_dir = root / outdir.expand(spec["job"]["output_dir"], job_id="local", job_name="q",
                                            user=os.environ.get("USER") or getpass.getuser(), env=env)
         except outdir.UnsetVariable:

@@ -1,4 +1,4 @@
-"""launchgen.rank: records each trainer rank's pid and exit status for the job script, passes signals on."""
+"""launchgen.jobside.rank: records each trainer rank's pid and exit status for the job script, passes signals on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from launchgen.jobdir import EXIT_PREEMPTED
+from launchgen.shared.jobdir import EXIT_PREEMPTED
 
 TRAINER = '''
 import os, signal, sys, time
@@ -31,7 +31,7 @@ def _start(tmp: Path, *args: str, ignore_usr2: bool = False) -> subprocess.Popen
         if ignore_usr2:  # what the trainer step's `trap '' USR2` leaves to its children
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
-    return subprocess.Popen([sys.executable, "-m", "launchgen.rank", "fake_trainer_mod", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "launchgen.jobside.rank", "fake_trainer_mod", *args], env=env,
                             preexec_fn=pre)
 
 
@@ -63,13 +63,13 @@ def test_usr2_by_pid_file_reaches_the_trainer_despite_an_inherited_ignore(tmp_pa
 
 
 def test_a_preempted_trainer_leaves_no_accelerate_traceback(tmp_path: Path) -> None:
-    """The real `accelerate launch -m launchgen.rank ...`, as the trainer step runs it, with a trainer exiting 75."""
+    """The real `accelerate launch -m launchgen.jobside.rank ...`, as the trainer step runs it, with a trainer exiting 75."""
     (tmp_path / "fake_trainer_mod.py").write_text(TRAINER)
     env = dict(os.environ, LAUNCHGEN_PID_DIR=str(tmp_path / "pids"), LAUNCHGEN_NODE_NAME="n1",
                PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     accelerate = Path(sys.executable).with_name("accelerate")
     p = subprocess.run([str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1", "--cpu",
-                        "-m", "launchgen.rank", "fake_trainer_mod", "crash", str(EXIT_PREEMPTED)], env=env,
+                        "-m", "launchgen.jobside.rank", "fake_trainer_mod", "crash", str(EXIT_PREEMPTED)], env=env,
                        capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and "CalledProcessError" not in p.stderr, p.stderr

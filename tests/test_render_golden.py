@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from render_cases import EXAMPLES, SCHEDULERS, plan_for, renderable
 
-from launchgen.issues import SpecError
-from launchgen.render import render_script
+from launchgen.script.render import render_script
+from launchgen.shared.issues import SpecError
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("LAUNCHGEN_UPDATE_GOLDEN") == "1"

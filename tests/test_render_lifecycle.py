@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from tools import env_with_venv, path_with_venv
 
-from launchgen import ports
-from launchgen.loader import load_spec_text
-from launchgen.plan import MAX_PORT_OFFSET, build_plan
-from launchgen.render import render_script
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import MAX_PORT_OFFSET, build_plan
+from launchgen.script.render import render_script
+from launchgen.shared import ports
 
 FAKES = Path(__file__).parent / "fakes" / "lifecycle_bin"
 
@@ -352,7 +352,7 @@ def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Pa
 
 
 def test_output_dir_expands_home_variables_and_job_codes_on_the_node(tmp_path: Path) -> None:
-    """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.outdir), never taken literally."""
+    """`~`, `$VAR`, `%x`, `%j` in job.output_dir are expanded at run time (launchgen.planning.outdir), never taken literally."""
     home, scratch = tmp_path / "home", tmp_path / "scratch"
     text = _spec(max_steps=1).replace("output_dir: runs/%j", "output_dir: '$SCRATCH/runs/%x-%j'")
     script = _write_script(tmp_path, text)
@@ -383,7 +383,7 @@ def test_output_dir_with_an_unset_variable_stops_the_job_naming_it(tmp_path: Pat
                                  "runs/100%"])
 def test_output_dir_syntax_the_script_does_not_expand_is_refused(bad: str) -> None:
     from launchgen.checks import run_checks
-    from launchgen.plan import PlanInvariantError
+    from launchgen.planning.plan import PlanInvariantError
 
     text = _spec(max_steps=1).replace("output_dir: runs/%j", f"output_dir: {json.dumps(bad)}")
     plan, issues = run_checks(load_spec_text(text, "life.yaml"), env={})

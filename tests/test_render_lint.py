@@ -12,7 +12,7 @@ import pytest
 from render_cases import EXAMPLES, SCHEDULERS, VARIANTS, plan_for, renderable
 from tools import tool
 
-from launchgen.render import render_script, render_steps
+from launchgen.script.render import render_script, render_steps
 
 CASES = [(n, s) for n in [*EXAMPLES, *VARIANTS] for s in SCHEDULERS if renderable(n, s)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from render_cases import plan_for
 
-from launchgen.render import render_script
+from launchgen.script.render import render_script
 
 FAKE_GETENT = """#!/bin/bash
 # getent ahostsv4 NAME: one "ADDR STREAM NAME" line per address in $FAKE_HOSTS ("name=a1,a2;name2=..."); 2 if none

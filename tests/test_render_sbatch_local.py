@@ -18,9 +18,9 @@ from pathlib import Path
 
 from tools import path_with_venv
 
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.render import render_script
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script
 
 FAKES = Path(__file__).parent / "fakes"
 NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]

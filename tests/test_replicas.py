@@ -1,4 +1,4 @@
-"""`vllm.replicas`: placement (launchgen.replicas), the plan per replica, ports, checks, rendered scripts."""
+"""`vllm.replicas`: placement (launchgen.planning.replicas), the plan per replica, ports, checks, rendered scripts."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launchgen.trainers.config import TrainerConfig, apply_override
+from launchgen.trainers.declarations.config import TrainerConfig, apply_override
 
 from launchgen.checks import run_checks
-from launchgen.layout import resolve_layout
-from launchgen.loader import load_spec, load_spec_text
-from launchgen.plan import Plan, build_plan
-from launchgen.render import render_files, render_script
-from launchgen.replicas import place
+from launchgen.input.loader import load_spec, load_spec_text
+from launchgen.planning.plan import Plan, build_plan
+from launchgen.planning.replicas import place
+from launchgen.script.render import render_files, render_script
+from launchgen.shared.layout import resolve_layout
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "two-replicas.yaml"
 
@@ -169,8 +169,8 @@ def test_restart_replicas_reaches_the_trainer_and_the_script() -> None:
 
 
 def test_status_tells_each_replicas_state() -> None:
-    from launchgen.jobfiles import parse_events_text
-    from launchgen.postmortem import replica_states
+    from launchgen.readback.jobfiles import parse_events_text
+    from launchgen.readback.postmortem import replica_states
 
     text = "\n".join([
         "2026-12-03T10:00:00Z server_start nodes=n1 replica=0", "2026-12-03T10:00:00Z server_start nodes=n1 replica=1",

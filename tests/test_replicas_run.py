@@ -20,9 +20,9 @@ from test_render_lifecycle import _free_port
 from tools import env_with_venv
 from vllm_standin.harness import BIN_DIR, REPO_ROOT
 
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.render import render_script
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script
 
 
 def _spec(tmp: Path, model: Path, max_steps: int, restart: bool = False, reward: str = "length") -> str:

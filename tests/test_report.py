@@ -1,6 +1,6 @@
 """`launchgen report` (issue 28): the run's timeline and curves in one self-contained HTML page.
 
-The job directory here is written in the job-directory contract's own formats (`launchgen.jobdir`): two attempts
+The job directory here is written in the job-directory contract's own formats (`launchgen.shared.jobdir`): two attempts
 of a server + two-node trainer job, the first preempted (USR2, exit 75, requeue), the second complete. The page
 is opened in headless Chromium (Debian's `chromium`, which `.ci/run` installs; missing, it fails) with every
 host unresolvable, and the DOM it builds must hold both plotly figures with their traces: the page draws with
@@ -20,9 +20,9 @@ import pytest
 from chromium import assert_figures_rendered, open_in_chromium
 from click.testing import CliRunner
 
-from launchgen import jobdir as J
-from launchgen import runreport
 from launchgen.cli import main
+from launchgen.readback import runreport
+from launchgen.shared import jobdir as J
 
 T0 = 1_796_400_000.0
 

@@ -1,4 +1,4 @@
-"""Scheduler differences are data (launchgen.schedulers), not template branches on the scheduler's name."""
+"""Scheduler differences are data (launchgen.script.schedulers), not template branches on the scheduler's name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from launchgen.schedulers import PROFILES, SchedulerProfile
+from launchgen.script.schedulers import PROFILES, SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = sorted((ROOT / "templates").rglob("*.j2"))
@@ -22,7 +22,7 @@ def test_templates_never_compare_the_scheduler_name() -> None:
 
 def test_every_profile_field_is_read() -> None:
     # a field nothing reads is a decision that does not happen
-    used = "\n".join(p.read_text() for p in TEMPLATES) + (ROOT / "launchgen" / "render.py").read_text()
+    used = "\n".join(p.read_text() for p in TEMPLATES) + (ROOT / "launchgen" / "script" / "render.py").read_text()
     unread = [f.name for f in dataclasses.fields(SchedulerProfile) if f"sched.{f.name}" not in used]
     assert unread == []
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from launchgen.trainers.algorithm_options import AlgorithmOptions
-from launchgen.trainers.configs import CONFIGS
+from launchgen.trainers.declarations.algorithm_options import AlgorithmOptions
+from launchgen.trainers.declarations.configs import CONFIGS
 
 from launchgen.cli import main
-from launchgen.ownership import owned_paths
+from launchgen.kinds.ownership import owned_paths
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -1,4 +1,4 @@
-"""The script variables have one owner (`launchgen.scriptvars`): a template or a rendered script that uses an
+"""The script variables have one owner (`launchgen.script.scriptvars`): a template or a rendered script that uses an
 `LG_*` / `LAUNCHGEN_*` name the owner does not declare fails here, and so does a declaration nothing uses."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from render_cases import EXAMPLES, SCHEDULERS, VARIANTS, plan_for, renderable
 
-from launchgen import scriptvars as V
-from launchgen.render import render_script
+from launchgen.script import scriptvars as V
+from launchgen.script.render import render_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"\b(?:LG|LAUNCHGEN)_[A-Z0-9_]*[A-Z0-9]")
@@ -44,7 +44,7 @@ def test_every_declared_variable_is_used() -> None:
         used |= {V.base_name(n) for n in NAME.findall(p.read_text())}
     for name, sched in CASES:
         used |= {V.base_name(n) for n in NAME.findall(render_script(plan_for(name), sched))}
-    for pkg in ("launchgen", "trainers"):  # read by the trainers or launchgen.rank through the constant
+    for pkg in ("launchgen", "trainers"):  # read by the trainers or launchgen.jobside.rank through the constant
         for p in (ROOT / pkg).rglob("*.py"):
             if p.name != "scriptvars.py":
                 used |= {V.VARS[n].name for n in re.findall(r"\bV\.([A-Z0-9_]+)\b", p.read_text()) if n in V.VARS}

@@ -12,8 +12,8 @@ import yaml
 
 from launchgen.checks import run_checks
 from launchgen.checks.spec.static import parameter_count, pre_ampere
-from launchgen.hfcache import ModelConfig
-from launchgen.loader import load_spec_text
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.hfcache import ModelConfig
 
 QWEN2_72B = {"hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 29568, "vocab_size": 152064,
              "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False}

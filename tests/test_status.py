@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from launchgen import status as S
+from launchgen.readback import status as S
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "status"
 
@@ -297,7 +297,7 @@ def test_status_never_imports_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, launchgen.status, launchgen.cli.status, launchgen.cli.logs; print('torch' in sys.modules)"
+    code = "import sys, launchgen.readback.status, launchgen.cli.status, launchgen.cli.logs; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 
@@ -432,9 +432,9 @@ def test_plan_at_100_columns_is_not_cut(monkeypatch: pytest.MonkeyPatch) -> None
 
     from rich.console import Console
 
-    from launchgen.loader import load_spec
-    from launchgen.plan import build_plan
-    from launchgen.planview import command_line, print_plan
+    from launchgen.input.loader import load_spec
+    from launchgen.planning.plan import build_plan
+    from launchgen.planning.view import command_line, print_plan
 
     root = Path(__file__).resolve().parents[1]
     plan = build_plan(load_spec(str(root / "examples" / "multi-node-70b.yaml")))
@@ -481,7 +481,7 @@ def test_logs_follow_until_the_job_ends(tmp_path: Path) -> None:
 
 
 def test_follow_moves_to_the_next_attempt_and_waits_for_a_missing_log(tmp_path: Path) -> None:
-    from launchgen.follow import Target, follow
+    from launchgen.readback.follow import Target, follow
 
     first = tmp_path / "a0.log"
     first.write_text("old\n")
@@ -518,9 +518,9 @@ def test_logs_of_the_batch_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_replica_log_is_read_as_its_replica_on_its_node(tmp_path: Path) -> None:
-    from launchgen.jobdir import DEFAULT_LAYOUT
-    from launchgen.jobfiles import find_logs
-    from launchgen.replicas import replica_role
+    from launchgen.planning.replicas import replica_role
+    from launchgen.readback.jobfiles import find_logs
+    from launchgen.shared.jobdir import DEFAULT_LAYOUT
 
     for role in (replica_role(0), replica_role(1), "trainer"):  # the names the script writes (nodes.j2)
         log = tmp_path / DEFAULT_LAYOUT.role_log("server", 0, "node-3").replace("server", role, 1)

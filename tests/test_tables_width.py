@@ -16,8 +16,8 @@ from rich.console import Console
 from launchgen import tables
 from launchgen.checks import run_checks
 from launchgen.cli import main
-from launchgen.loader import load_spec
-from launchgen.planview import _runs, print_plan
+from launchgen.input.loader import load_spec
+from launchgen.planning.view import _runs, print_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -101,7 +101,7 @@ def test_status_tables_fit_80_columns(tmp_path: Path) -> None:
 def test_counted_width_is_riches_own_measurement(tmp_path: Path) -> None:
     """`tables.fits` counts a table's width from its text instead of asking rich (which took most of a 64-node
     `plan`); both must agree on every table launchgen prints."""
-    from launchgen import planview
+    from launchgen.planning import view as planview
 
     con = Console(file=io.StringIO(), width=80)
     for example in EXAMPLES:

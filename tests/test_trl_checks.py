@@ -11,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from launchgen import compat
 from launchgen.checks import run_checks
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.shared import compat
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Every local `trl.*` entry end to end through a rendered `--bash` script (shellcheck clean): accelerate launch,
-`launchgen.rank`, TRL's own trainer class on CPU with the tiny model, 2 steps, the completion marker and
+`launchgen.jobside.rank`, TRL's own trainer class on CPU with the tiny model, 2 steps, the completion marker and
 metrics.jsonl in the job directory, the plain step lines in the trainer log."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 import pytest
 import yaml
-from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES
 from tools import env_with_venv, tool
 from trl_runs import trl_cfg
 
-from launchgen.loader import load_spec_text
-from launchgen.plan import build_plan
-from launchgen.render import render_script, render_steps
+from launchgen.input.loader import load_spec_text
+from launchgen.planning.plan import build_plan
+from launchgen.script.render import render_script, render_steps
 
 TOY_REWARDS = Path(__file__).parent / "trainers"
 LOCAL = [n for n, e in TRL_ENTRIES.items() if e.vllm != "server"]  # async_grpo: CUDA only (below)
@@ -132,12 +132,12 @@ def test_async_grpo_renders_for_a_gpu_server_and_refuses_a_cpu_at_run_time(tmp_p
     script = render_bash(tmp_path, text, "sbatch").read_text()
     assert "export VLLM_SERVER_DEV_MODE=1" in script
     assert """--weight-transfer-config '{"backend": "nccl"}'""" in script
-    assert "-m launchgen.rank launchgen.trainers.trl --config" in script
+    assert "-m launchgen.jobside.rank launchgen.trainers.trl --config" in script
     run_cfg = tmp_path / "trainer.yaml"
     run_cfg.write_text(_heredoc(script, "trainer.yaml"))
     assert yaml.safe_load(run_cfg.read_text())["trainer"] == "trl.async_grpo"
 
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
     from launchgen.trainers.trl.run import build_config, trl_args
 
     sets = ["server.host=10.1.2.3", "server.port=8011", f"args.output_dir={tmp_path / 'out'}"]
@@ -192,7 +192,7 @@ def test_trl_grpo_colocate_renders_clean_and_trl_takes_its_fields(tmp_path: Path
         "use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 1, "vllm_gpu_memory_utilization": 0.3,
         "vllm_enable_sleep_mode": True, "vllm_max_model_length": 256}
 
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
     from launchgen.trainers.trl.run import build_config, trl_args
 
     cfg = TrlRunConfig.load(str(run_cfg), [f"args.output_dir={tmp_path / 'out'}"])
@@ -219,7 +219,7 @@ def test_a_user_script_with_a_server_gets_the_servers_flags_and_trl_parses_them(
     run_cfg = tmp_path / "trainer.yaml"
     run_cfg.write_text(_heredoc(script, "trainer.yaml"))
 
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
     from launchgen.trainers.trl.script import script_command
     from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 

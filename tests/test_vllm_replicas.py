@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.generation.backends import BACKENDS
 from launchgen.trainers.generation.protocol import SamplingParams
 from launchgen.trainers.generation.vllm_client import CompletionsResult, VLLMClient, VLLMServerError

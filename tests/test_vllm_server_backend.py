@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.generation.protocol import GenerationBackend, SamplingParams
 from launchgen.trainers.generation.sync_support import broadcast_failure
 from launchgen.trainers.generation.vllm_client import (

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:

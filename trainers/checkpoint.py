@@ -30,13 +30,13 @@ from typing import Any, Protocol
 
 import torch
 
-# the exit codes and the marker are the job-directory contract's (launchgen.jobdir, standard library only)
-from launchgen.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
-from launchgen.jobdir import EXIT_CONFIG as EXIT_CONFIG
-from launchgen.jobdir import EXIT_FAILURE as EXIT_FAILURE
-from launchgen.jobdir import EXIT_OK as EXIT_OK
-from launchgen.jobdir import EXIT_PREEMPTED as EXIT_PREEMPTED
-from launchgen.jobdir import CompletionMarker
+# the exit codes and the marker are the job-directory contract's (launchgen.shared.jobdir, standard library only)
+from launchgen.shared.jobdir import COMPLETE_MARKER as COMPLETE_MARKER
+from launchgen.shared.jobdir import EXIT_CONFIG as EXIT_CONFIG
+from launchgen.shared.jobdir import EXIT_FAILURE as EXIT_FAILURE
+from launchgen.shared.jobdir import EXIT_OK as EXIT_OK
+from launchgen.shared.jobdir import EXIT_PREEMPTED as EXIT_PREEMPTED
+from launchgen.shared.jobdir import CompletionMarker
 
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -173,7 +173,7 @@ def load_checkpoint(accelerator: Any, path: Path, own: OwnState | None = None) -
     """Restore accelerate's state (model, optimizer, scheduler, scaler, RNG); return (trainer_state, buffer)."""
     state = json.loads((path / STATE_FILE).read_text())
     if state.get("num_processes") != accelerator.num_processes:
-        from launchgen.trainers.errors import TrainerSetupError
+        from launchgen.trainers.declarations.errors import TrainerSetupError
 
         raise TrainerSetupError(
             f"resume: {path} was written by {state.get('num_processes')} processes, this run has "

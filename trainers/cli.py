@@ -3,7 +3,7 @@
 Everything up to a validated config imports only the standard library, pydantic and yaml, so `--help` and a config
 error answer in a fraction of a second; torch (`core`) is imported only to train. `--help` lists every config
 field (dotted path, type, default, description), generated from the trainer's config class
-(`launchgen.trainers.configs`).
+(`launchgen.trainers.declarations.configs`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from launchgen.trainers.algorithm_options import ordered_keys
-from launchgen.trainers.config import TrainerConfig, apply_override
-from launchgen.trainers.configs import CONFIGS
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.algorithm_options import ordered_keys
+from launchgen.trainers.declarations.config import TrainerConfig, apply_override
+from launchgen.trainers.declarations.configs import CONFIGS
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from launchgen.jobdir import EXIT_CONFIG  # stdlib only (trainers.checkpoint re-exports it, but imports torch)
+from launchgen.shared.jobdir import (
+    EXIT_CONFIG,  # stdlib only (trainers.checkpoint re-exports it, but imports torch)
+)
 
 _WIDTH = 110
 

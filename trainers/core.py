@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from launchgen.trainers import checkpoint as ckpt
 from launchgen.trainers import epochs, reporting, resume
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.evaluation import Evaluator
 from launchgen.trainers.generation.protocol import GenerationBackend
 from launchgen.trainers.objectives import build_objective

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from launchgen.trainers.config import DataSection
-from launchgen.trainers.datafiles import LOCAL_SUFFIXES, local_path, mapped, read_local
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import DataSection
+from launchgen.trainers.declarations.datafiles import LOCAL_SUFFIXES, local_path, mapped, read_local
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
 
 def load_rows(data: DataSection) -> list[dict[str, Any]]:

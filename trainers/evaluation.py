@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.data import build_prompt, is_conversational, load_rows, tokenize_prompt
-from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.rewards import score
+from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.rewards import score
 
 PREFIX = "eval/"
 

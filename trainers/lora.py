@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 from accelerate.utils.constants import OPTIMIZER_NAME, SAFE_WEIGHTS_NAME
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.peft_config import ALL_LINEAR, FUSED_GROUPS, PeftSection, matches
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.peft_config import ALL_LINEAR, FUSED_GROUPS, PeftSection, matches
 from launchgen.trainers.weights import clean_name, full_tensor
 
 ADAPTER = "default"

@@ -15,7 +15,7 @@ of which `MARGIN` is kept back for what the estimate does not model. The estimat
   ACT_KV_UNITS x kv heads x head size + ACT_INTERMEDIATE_UNITS x intermediate)); without it every layer's; doubled in fp32;
 * the head's tiles: `LOGIT_TILE_COPIES` fp32 tiles of `logits_chunk_mib` alive at once.
 
-The constants are the plan-time estimate's (`launchgen/estimate.py`: `ACT_*_UNITS`, `LOGIT_TILE_COPIES`), the one
+The constants are the plan-time estimate's (`launchgen/shared/estimate.py`: `ACT_*_UNITS`, `LOGIT_TILE_COPIES`), the one
 owner; there they are checked against measured H200 peaks (benchmarks/RESULTS.md).
 
 The choice: the largest `max_tokens_per_forward` (a multiple of 256 tokens, at most a user-set value) whose pass
@@ -29,10 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
-from launchgen.estimate import ACT_HIDDEN_UNITS, ACT_INTERMEDIATE_UNITS, ACT_KV_UNITS, LOGIT_TILE_COPIES
+from launchgen.shared.estimate import (
+    ACT_HIDDEN_UNITS,
+    ACT_INTERMEDIATE_UNITS,
+    ACT_KV_UNITS,
+    LOGIT_TILE_COPIES,
+)
 
 GIB = 2**30
 #: Share of the budget kept back for what the estimate leaves out (allocator rounding, cuBLAS workspaces, ...).

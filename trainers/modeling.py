@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from launchgen.trainers.chunked_logps import chunked_logps
-from launchgen.trainers.config import BUILTIN_ATTN, TrainerConfig
+from launchgen.trainers.declarations.config import BUILTIN_ATTN, TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.dynamo_config import raise_recompile_limit, recompile_limit_name
-from launchgen.trainers.errors import TrainerSetupError
 from torch.utils.checkpoint import checkpoint
 
-from launchgen.precision import MIXED_PRECISION, trainable_weight_dtype
+from launchgen.shared.precision import MIXED_PRECISION, trainable_weight_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -1,7 +1,7 @@
 """Online DPO: `python -m launchgen.trainers.online_dpo --config run.yaml` (alone, under `accelerate launch`, or in
 scripts).
 
-The config is `launchgen.trainers.config.TrainerConfig` with `trainer: online_dpo`; semantics are TRL 1.16's
+The config is `launchgen.trainers.declarations.config.TrainerConfig` with `trainer: online_dpo`; semantics are TRL 1.16's
 experimental OnlineDPOTrainer with reward functions (2 completions per prompt, the higher-reward one chosen, DPO
 loss against a frozen reference loaded from the same path; see docs/trainers.md and
 `launchgen.trainers.algorithms.online_dpo`). It runs on the online-RL core, so backends, weight sync, checkpoints,

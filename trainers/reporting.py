@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
-from launchgen.jobdir import METRICS_FILE, METRICS_WALL_KEY
+from launchgen.shared.jobdir import METRICS_FILE, METRICS_WALL_KEY
 
 #: The plain line's prefix (grep for it).
 LINE_PREFIX = "[launchgen] step"

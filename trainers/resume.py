@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from launchgen.trainers import checkpoint as ckpt
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
 
 def metric_name(path: str) -> str:

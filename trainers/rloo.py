@@ -1,6 +1,6 @@
 """RLOO: `python -m launchgen.trainers.rloo --config run.yaml` (alone, under `accelerate launch`, or in scripts).
 
-The config is `launchgen.trainers.config.TrainerConfig` with `trainer: rloo`; semantics are TRL 1.16's RLOOTrainer
+The config is `launchgen.trainers.declarations.config.TrainerConfig` with `trainer: rloo`; semantics are TRL 1.16's RLOOTrainer
 (see docs/trainers.md). Exit codes:
 
 * 0  finished `max_steps` (final checkpoint and, with `save_final_model`, `output_dir/final` written)

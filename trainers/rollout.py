@@ -26,12 +26,12 @@ from launchgen.trainers.data import (
     pad_rows,
     tokenize_prompt,
 )
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.rewards import LoadedReward, load_rewards, score
 from launchgen.trainers.generation import backends
 from launchgen.trainers.generation.protocol import GenerationBackend, GenerationOutput, SamplingParams
 from launchgen.trainers.objectives.base import Batch, RLObjective, ScoredRollout
 from launchgen.trainers.passes import RowLayout, rows_per_pass
-from launchgen.trainers.rewards import LoadedReward, load_rewards, score
 
 #: Prompts are left-padded (kept whole); completions right-padded, so a pass keeps only its longest row's columns.
 RL_LAYOUT = RowLayout(

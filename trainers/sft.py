@@ -1,6 +1,6 @@
 """SFT: `python -m launchgen.trainers.sft --config run.yaml` (alone, under `accelerate launch`, or in scripts).
 
-The config is `launchgen.trainers.config.TrainerConfig` with `trainer: sft` (data: `messages`, `prompt` +
+The config is `launchgen.trainers.declarations.config.TrainerConfig` with `trainer: sft` (data: `messages`, `prompt` +
 `completion`, or `text` rows; `max_length`, `completion_only_loss`); its data side is `launchgen.trainers.supervised`,
 its loop `launchgen.trainers.core` (see docs/trainers.md). Exit codes:
 

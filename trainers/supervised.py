@@ -33,10 +33,10 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
-from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.data import PromptSampler, is_conversational, pad_rows, read_rows
-from launchgen.trainers.datafiles import detect_sft_format as detect_format
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.datafiles import detect_sft_format as detect_format
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.passes import RowLayout
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launchgen.issues import Severity
+from launchgen.shared.issues import Severity
 
 
 @dataclass(frozen=True)

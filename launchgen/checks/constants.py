@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from launchgen import ports
+from launchgen.shared import ports
 
 # --- constants the checks share with docs and tests ---------------------------------------------------------
 
-# port ranges and the job-id shift: launchgen.ports owns them
+# port ranges and the job-id shift: launchgen.shared.ports owns them
 PORT_OFFSET_MAX = ports.MAX_OFFSET
 PORT_OFFSET_STEP = 10
 #: Seconds below which a /health wait is too short for any real model to load (TRL waits 240 s by default).

@@ -9,22 +9,22 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from launchgen.checks.codes import CODES
-from launchgen.hfcache import ModelConfig, find_model_config
-from launchgen.issues import Issue, Severity
-from launchgen.layout import Layout, resolve_layout
-from launchgen.loader import LoadedSpec
-from launchgen.spec import Spec
-from launchgen.trainer_config import arg_paths, resolve_trainer_config, trainer_default
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.configs import CONFIGS
-from launchgen.trainers.declaration import DeclaredConfig, TrainerFacts
-from launchgen.trainers.trl.config import TrlRunConfig
+from launchgen.input.loader import LoadedSpec
+from launchgen.input.spec import Spec
+from launchgen.kinds.trainer_config import arg_paths, resolve_trainer_config, trainer_default
+from launchgen.planning.hfcache import ModelConfig, find_model_config
+from launchgen.shared.issues import Issue, Severity
+from launchgen.shared.layout import Layout, resolve_layout
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.configs import CONFIGS
+from launchgen.trainers.declarations.declaration import DeclaredConfig, TrainerFacts
+from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
 #: `train.args` keys with the same meaning for the bundled trainers and TRL's (launchgen's data and rewards).
 SHARED_ARGS = frozenset({"data", "eval_data", "rewards"})
 
 if TYPE_CHECKING:
-    from launchgen.plan import Plan
+    from launchgen.planning.plan import Plan
 
 
 # --- context ----------------------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ class Ctx:
     def trainer_cfg(self) -> TrainerConfig | None:
         """The bundled trainer's config as the trainer will read it (its own defaults filled in), or None where
         `train.args` does not validate (LG901), sets a field the spec owns (LG902) or is a TRL trainer's (its run
-        config is checked as a whole by `launchgen.trl_config`)."""
+        config is checked as a whole by `launchgen.kinds.trl_config`)."""
         cfg = self._trainer_config[0]
         return cfg if isinstance(cfg, TrainerConfig) else None
 
@@ -170,7 +170,7 @@ class Ctx:
 def _known_path(reader: str, path: str) -> None:
     """A path no trainer's config has is a bug in the check that reads it: a typo would read as unset."""
     if path not in arg_paths():
-        raise KeyError(f"Ctx.{reader}({path!r}): no trainer's config has this field (launchgen.trainers.configs)")
+        raise KeyError(f"Ctx.{reader}({path!r}): no trainer's config has this field (launchgen.trainers.declarations.configs)")
 
 
 def _set(model: Any, name: str) -> bool:

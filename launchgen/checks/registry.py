@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from launchgen.checks.codes import CODES, CodeDoc, _doc
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 if TYPE_CHECKING:
     from launchgen.checks.context import Ctx

@@ -11,11 +11,11 @@ import launchgen.checks.registry as registry
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import CODES, Stage, _doc, check
 from launchgen.checks.spec.trainerargs import without_echo
-from launchgen.issues import Issue, SpecError
-from launchgen.loader import LoadedSpec
+from launchgen.input.loader import LoadedSpec
+from launchgen.shared.issues import Issue, SpecError
 
 if TYPE_CHECKING:
-    from launchgen.plan import Plan
+    from launchgen.planning.plan import Plan
 
 
 # === codes owned by others, documented here so the list is complete ========================================
@@ -99,7 +99,7 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, st
     # LG901 echo is not shown (a files-stage error on a train field takes its place)
     if any(i.severity == "error" and i.code not in file_codes for i in (*found, *issues)):
         return None, sort_issues(issues)
-    from launchgen.plan import build_plan  # deferred: checks load even where plan cannot be built
+    from launchgen.planning.plan import build_plan  # deferred: checks load even where plan cannot be built
 
     try:
         plan = build_plan(loaded)
@@ -114,7 +114,7 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, st
 
 
 _RANGES = (
-    ("LG0", "Loading the spec (`launchgen/loader.py`)"),
+    ("LG0", "Loading the spec (`launchgen/input/loader.py`)"),
     ("LG1", "GPUs and topology"),
     ("LG2", "Tensor/data parallelism and the model"),
     ("LG3", "Trainer world size, backend, batch, rewards, data"),

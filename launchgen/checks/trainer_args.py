@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from launchgen.trainers.config import DataSection, RewardSpec, TrainerConfig
+from launchgen.trainers.declarations.config import DataSection, RewardSpec, TrainerConfig
 
 if TYPE_CHECKING:
     from launchgen.checks.context import Ctx

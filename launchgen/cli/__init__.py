@@ -123,8 +123,8 @@ class LaunchgenGroup(click.Group):
             click.echo("launchgen: interrupted", err=True)
             raise click.exceptions.Exit(130) from None
         except Exception as exc:
-            from launchgen.issues import SpecError
-            from launchgen.visible import visible
+            from launchgen.shared.issues import SpecError
+            from launchgen.shared.visible import visible
 
             if isinstance(exc, SpecError):
                 for issue in exc.issues:

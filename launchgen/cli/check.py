@@ -16,7 +16,7 @@ from launchgen.cli.common import (
     strict_option,
     summary,
 )
-from launchgen.visible import visible
+from launchgen.shared.visible import visible
 
 HELP = """\
 Check each SPEC (`-` reads the spec from stdin): field rules, cross-field checks (GPUs, TP/DP, ports, modes, kernels, precision, versions) and the plan.
@@ -74,7 +74,7 @@ def _check_one(spec: str, *, live: bool, files: bool, strict: bool, explain: boo
         click.echo(f"{name}: {status} ({counts['error']} error(s), {counts['warning']} warning(s), "
                    f"{counts['info']} info)", err=True)
         if explain and plan is not None:
-            from launchgen.planview import print_plan
+            from launchgen.planning.view import print_plan
 
             print_plan(plan)
     return {"spec": spec, "ok": not failed, "summary": summary(issues), "issues": [issue_dict(i) for i in issues]}

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from launchgen.checks import apply_strict, has_errors, run_checks, sort_issues
-from launchgen.issues import Issue, SpecError
-from launchgen.loader import LoadedSpec, load_spec
+from launchgen.input.loader import LoadedSpec, load_spec
+from launchgen.shared.issues import Issue, SpecError
 
 if TYPE_CHECKING:
-    from launchgen.plan import Plan
+    from launchgen.planning.plan import Plan
 
 EXIT_SPEC_ERROR = 2
 

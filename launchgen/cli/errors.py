@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import click
 
-from launchgen.visible import visible
+from launchgen.shared.visible import visible
 
 EXIT_USAGE = 2  # the same status as a spec error: the command could not do what was asked
 

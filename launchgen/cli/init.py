@@ -37,7 +37,7 @@ slurm:
 """
 
 _TRAIN_ARGS = """\
-  args:                             # launchgen.trainers.config.TrainerConfig fields
+  args:                             # launchgen.trainers.declarations.config.TrainerConfig fields
     data:
       path: prompts.jsonl           # .jsonl/.json/.parquet: `prompt` + `answer` (for accuracy)
       max_prompt_length: 512

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from launchgen.cli.errors import fail
-from launchgen.follow import Target, follow
-from launchgen.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
+from launchgen.readback.follow import Target, follow
+from launchgen.readback.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
 
 
 @click.command("logs")

@@ -13,7 +13,7 @@ from launchgen.cli.common import load_and_check, spec_argument, strict_option
 from launchgen.cli.errors import fail
 
 if TYPE_CHECKING:
-    from launchgen.estimate_spec import Measured
+    from launchgen.planning.estimate_spec import Measured
 
 HELP = """\
 Print the plan SPEC resolves to: which role runs on which node and GPU (TP rank, trainer rank), every port and
@@ -32,8 +32,8 @@ Examples:
 
 
 def _measured(job_dir: str) -> Measured:
-    from launchgen.estimate_spec import Measured
-    from launchgen.jobfiles import StatusError, read_job_dir, read_step_times
+    from launchgen.planning.estimate_spec import Measured
+    from launchgen.readback.jobfiles import StatusError, read_job_dir, read_step_times
 
     path = Path(job_dir)
     try:
@@ -56,7 +56,7 @@ def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
     measured = _measured(from_run) if from_run is not None else None
     loaded, plan = load_and_check(spec, strict=strict)
     from launchgen.checks.context import Ctx
-    from launchgen.estimate_spec import estimate
+    from launchgen.planning.estimate_spec import estimate
 
     ctx = Ctx(loaded)
     est = estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, measured=measured)
@@ -64,8 +64,8 @@ def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
         click.echo(json.dumps({**plan.to_json(), "estimate": est.to_json()}, indent=2, sort_keys=True))
         return
     from launchgen import tables
-    from launchgen.estimateview import print_estimate
-    from launchgen.planview import print_plan
+    from launchgen.planning.estimate_view import print_estimate
+    from launchgen.planning.view import print_plan
 
     console = tables.console()  # the terminal's width, COLUMNS, else 80: as every table of the plan
     print_plan(plan, console)

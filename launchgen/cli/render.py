@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from launchgen.cli.common import EXIT_SPEC_ERROR, load_and_check, print_issues, spec_argument, strict_option
-from launchgen.visible import visible
+from launchgen.shared.visible import visible
 
 HELP = """\
 Render SPEC into a job script: an sbatch script (default) or, with --bash, a bash script for one machine with
@@ -39,8 +39,8 @@ Examples:
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 @strict_option
 def command(spec: str, bash_mode: bool, output: str | None, force: bool, strict: bool) -> None:
-    from launchgen.plan import bash_issues
-    from launchgen.render import render_script
+    from launchgen.planning.plan import bash_issues
+    from launchgen.script.render import render_script
 
     _loaded, plan = load_and_check(spec, strict=strict)
     if bash_mode:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from launchgen import jobdir as J
 from launchgen.cli.errors import fail
+from launchgen.shared import jobdir as J
 
 HELP = """\
 Write one HTML page about a job: its timeline (each role per node per attempt:
@@ -33,13 +33,13 @@ REPORT_FILE = "launchgen-report.html"
 
 def _resolve(job: str, job_dir: str | None) -> tuple[str, Path, object]:
     """(job id, job directory, its post-mortem)."""
-    from launchgen import postmortem, status
+    from launchgen.readback import postmortem, status
 
     path = Path(job)
     if job_dir is None and path.is_dir() and job != J.LOCAL_JOB_ID:
         if not J.is_job_dir(path):
             raise status.StatusError(f"{job} is not a launchgen job directory (no {J.PLAN_FILE} or logs)")
-        from launchgen.jobfiles import read_job_dir
+        from launchgen.readback.jobfiles import read_job_dir
 
         record = read_job_dir(path, True).record
         job_id = (record.job_id if record is not None else None) or path.name
@@ -59,9 +59,9 @@ def _resolve(job: str, job_dir: str | None) -> tuple[str, Path, object]:
 @click.option("--job-dir", type=click.Path(file_okay=False), default=None,
               help="The job's output directory, when the scheduler no longer knows the job.")
 def command(job: str, output: str | None, job_dir: str | None) -> None:
-    from launchgen import postmortem, runreport
-    from launchgen.reporthtml import ReportDependencyError, render_page
-    from launchgen.status import StatusError
+    from launchgen.readback import postmortem, runreport
+    from launchgen.readback.reporthtml import ReportDependencyError, render_page
+    from launchgen.readback.status import StatusError
 
     try:
         job_id, directory, st = _resolve(job, job_dir)

@@ -13,10 +13,10 @@ from rich.table import Table
 
 from launchgen import tables
 from launchgen.cli.errors import fail
-from launchgen.jobdir import EXIT_STATUS_JOB_FAILED
-from launchgen.status import JobStatus, SchedulerInfo, StatusError, collect
+from launchgen.readback.status import JobStatus, SchedulerInfo, StatusError, collect
+from launchgen.shared.jobdir import EXIT_STATUS_JOB_FAILED
+from launchgen.shared.visible import visible
 from launchgen.tables import print_table, print_text
-from launchgen.visible import visible
 
 #: exit status of `launchgen status` for a job that is over and did not complete (2 is bad usage)
 EXIT_JOB_FAILED = EXIT_STATUS_JOB_FAILED

@@ -339,7 +339,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_03CFE7D3EFAD0945
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9205C601C54B2E8'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7C4A1040F5C3D894'
 {
   "exit_server_failed": 1,
   "job_name": "rloo-colocate",
@@ -419,7 +419,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9205C601C54B2E8'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.rloo",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -435,9 +435,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9205C601C54B2E8'
   },
   "vllm_mode": "colocate"
 }
-LAUNCHGEN_EOF_B9205C601C54B2E8
+LAUNCHGEN_EOF_7C4A1040F5C3D894
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_E7AEC2996F372600'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_1B38F1388DE23DE6'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 8 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -517,9 +517,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 8 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.rloo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 8 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.rloo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -536,7 +536,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_E7AEC2996F372600
+LAUNCHGEN_EOF_1B38F1388DE23DE6
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -563,9 +563,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_34A8C9E0D68D00AE'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_5D449471C64FCDC9'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -579,7 +579,7 @@ trap '' USR2
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-1.5B-Instruct \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_34A8C9E0D68D00AE
+LAUNCHGEN_EOF_5D449471C64FCDC9
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CCA0880B6ACF4D34'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
@@ -1172,7 +1172,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 timeout 90 bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?

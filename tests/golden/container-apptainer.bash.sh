@@ -375,7 +375,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_48B4C167D656CBFA'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_CF72C67CFB83ACCE'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-split",
@@ -533,7 +533,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_48B4C167D656CBFA'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.grpo",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -555,9 +555,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_48B4C167D656CBFA'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_48B4C167D656CBFA
+LAUNCHGEN_EOF_CF72C67CFB83ACCE
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_606A23A3D175B5D0'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_5C10AE8330A710B0'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -641,9 +641,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+apptainer exec --nv --bind "${LG_SUBMIT_DIR}" --bind "${LG_HF_CACHE}" --bind "${LG_JOB_DIR}" --bind /scratch/datasets:/data:ro docker://registry.example.org/ml/launchgen-trainer:0.6 accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -660,7 +660,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_606A23A3D175B5D0
+LAUNCHGEN_EOF_5C10AE8330A710B0
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -687,9 +687,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_F86A99F4CFF4A414'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_F2BB0BDE23672BB7'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -703,7 +703,7 @@ trap '' USR2
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-7B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_F86A99F4CFF4A414
+LAUNCHGEN_EOF_F2BB0BDE23672BB7
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_F2C5BE409F67158A'
 #!/bin/bash
@@ -1343,7 +1343,7 @@ if ! command -v python3 >/dev/null; then
   lg_log "ERROR: python3 is not on PATH (after slurm.setup); the supervisor needs it for the plan record"
   exit 1
 fi
-# ---- containers: what every role's image mounts at its own path besides the job directory (launchgen.containers);
+# ---- containers: what every role's image mounts at its own path besides the job directory (launchgen.planning.containers);
 # after slurm.setup, so an HF_HOME it exports is the cache mounted
 LG_SUBMIT_DIR=$(pwd -P)
 # the HF cache the trainer and the server share; inside, HF_HOME names the same (mounted) path
@@ -1415,7 +1415,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 timeout 90 bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?

@@ -362,7 +362,7 @@ same_network: true
 use_cpu: true
 LAUNCHGEN_EOF_7310F52A7F05C6E8
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7CA3EC38D42E040A'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_D6193B7B075D643E'
 {
   "exit_server_failed": 1,
   "job_name": "cpu-server",
@@ -486,7 +486,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7CA3EC38D42E040A'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.grpo",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -508,9 +508,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_7CA3EC38D42E040A'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_7CA3EC38D42E040A
+LAUNCHGEN_EOF_D6193B7B075D643E
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_3648F9EC982ACCCB'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_C68AC9BDBEB7DD4F'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -565,9 +565,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 1 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 1 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -584,7 +584,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_3648F9EC982ACCCB
+LAUNCHGEN_EOF_C68AC9BDBEB7DD4F
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -611,9 +611,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_56438CF3669329AB'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_469F6AB8100284D3'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -627,7 +627,7 @@ trap '' USR2
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" examples/tiny-model-vllm \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_56438CF3669329AB
+LAUNCHGEN_EOF_469F6AB8100284D3
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_0419B310D4159E89'
 #!/bin/bash
@@ -1296,7 +1296,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 timeout 90 bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?

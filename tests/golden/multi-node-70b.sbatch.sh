@@ -399,7 +399,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_DF363D428BE8DE27
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_011172D673877DEB'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_6B644FAF24E7775C'
 {
   "exit_server_failed": 1,
   "job_name": "grpo-70b",
@@ -614,7 +614,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_011172D673877DEB'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.grpo",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -639,9 +639,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_011172D673877DEB'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_011172D673877DEB
+LAUNCHGEN_EOF_6B644FAF24E7775C
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_49C9A14F9D034AE8'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_8C3C5BEBDDB3FF4F'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 32 process(es) on 4 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -768,9 +768,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 4 --num_processes 32 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 4 --num_processes 32 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -787,7 +787,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_49C9A14F9D034AE8
+LAUNCHGEN_EOF_8C3C5BEBDDB3FF4F
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -814,9 +814,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_435A147997354959'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_AE2B72EE65401096'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -848,7 +848,7 @@ export NCCL_ASYNC_ERROR_HANDLING=1
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-72B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_435A147997354959
+LAUNCHGEN_EOF_AE2B72EE65401096
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_0C75B92B60BE6E1D'
 #!/bin/bash
@@ -1610,7 +1610,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 LG_ALL_NODELIST=$(IFS=,; echo "${LG_NODES[*]}")

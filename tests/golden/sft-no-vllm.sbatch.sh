@@ -320,7 +320,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_90B91ED97DF5A3BB
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0EADDAE80C3799DB'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_CFDED658E8B21CDF'
 {
   "exit_server_failed": 1,
   "job_name": "sft",
@@ -412,7 +412,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0EADDAE80C3799DB'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.sft",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -429,9 +429,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0EADDAE80C3799DB'
   },
   "vllm_mode": "none"
 }
-LAUNCHGEN_EOF_0EADDAE80C3799DB
+LAUNCHGEN_EOF_CFDED658E8B21CDF
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_66E5ADBB89584DF5'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_08340F0CAE2A66A5'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 16 process(es) on 2 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -545,9 +545,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 2 --num_processes 16 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.sft --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 2 --num_processes 16 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.sft --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -564,7 +564,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_66E5ADBB89584DF5
+LAUNCHGEN_EOF_08340F0CAE2A66A5
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -591,9 +591,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_019443E57F23BDB5'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_C603893B24A2E04B'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -613,7 +613,7 @@ fi
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" meta-llama/Llama-3.1-8B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_019443E57F23BDB5
+LAUNCHGEN_EOF_C603893B24A2E04B
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CCA0880B6ACF4D34'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
@@ -1212,7 +1212,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 LG_ALL_NODELIST=$(IFS=,; echo "${LG_NODES[*]}")

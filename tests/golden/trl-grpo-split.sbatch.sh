@@ -288,7 +288,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0031FA0ECEE4897D'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_95143CACB6059FF5'
 {
   "exit_server_failed": 1,
   "job_name": "trl-grpo-split",
@@ -424,7 +424,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0031FA0ECEE4897D'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.trl",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -446,9 +446,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_0031FA0ECEE4897D'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_0031FA0ECEE4897D
+LAUNCHGEN_EOF_95143CACB6059FF5
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_B73F613FAE0166E4'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_C8E5CD60A488D569'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -572,9 +572,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.trl --config "${LG_TRAINER_CONFIG}" --set args.output_dir="${LG_TRAINER_OUTPUT_YAML}" --set server.host="${LG_SERVER_HOST_YAML}" --set server.port="${LG_SERVER_PORT}" --set server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.trl --config "${LG_TRAINER_CONFIG}" --set args.output_dir="${LG_TRAINER_OUTPUT_YAML}" --set server.host="${LG_SERVER_HOST_YAML}" --set server.port="${LG_SERVER_PORT}" --set server.group_port="${LG_GROUP_PORT}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -591,7 +591,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_B73F613FAE0166E4
+LAUNCHGEN_EOF_C8E5CD60A488D569
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -618,9 +618,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_619983AF0CCC1CAC
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_A0AAE88243CF72AF'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_C1D5E0A8C7A888D5'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -650,7 +650,7 @@ set -u
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-7B \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_A0AAE88243CF72AF
+LAUNCHGEN_EOF_C1D5E0A8C7A888D5
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_557AE5AC671AAE26'
 #!/bin/bash
@@ -1397,7 +1397,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 LG_ALL_NODELIST=$(IFS=,; echo "${LG_NODES[*]}")

@@ -366,7 +366,7 @@ same_network: true
 use_cpu: false
 LAUNCHGEN_EOF_29B8ED481F9D33C5
 
-cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9692FAE3927681E'
+cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_A8DC302F97D079C5'
 {
   "exit_server_failed": 1,
   "job_name": "two-replicas",
@@ -522,7 +522,7 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9692FAE3927681E'
       "--main_process_port",
       "${LG_MAIN_PROCESS_PORT}",
       "-m",
-      "launchgen.rank",
+      "launchgen.jobside.rank",
       "launchgen.trainers.grpo",
       "--config",
       "${LG_TRAINER_CONFIG}",
@@ -546,9 +546,9 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_B9692FAE3927681E'
   },
   "vllm_mode": "server"
 }
-LAUNCHGEN_EOF_B9692FAE3927681E
+LAUNCHGEN_EOF_A8DC302F97D079C5
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_AE76D0D6C584756A'
+cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_A5DE99B311695081'
 #!/bin/bash
 # launchgen trainer step (accelerate launch, 4 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
 set -euo pipefail
@@ -626,9 +626,9 @@ lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_V
 # TERM for the whole step (sent only while the trainer is still starting) must not end this script first
 trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
 lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" --set generation.vllm_server.replicas="${LG_REPLICAS_YAML}" || lg_rc=$?
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 4 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" --set generation.vllm_server.host="${LG_SERVER_HOST_YAML}" --set generation.vllm_server.port="${LG_SERVER_PORT}" --set generation.vllm_server.group_port="${LG_GROUP_PORT}" --set generation.vllm_server.replicas="${LG_REPLICAS_YAML}" || lg_rc=$?
 # The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.rank). A
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
 # crash of one rank outweighs another's clean stop.
 lg_own=0
 lg_from=""
@@ -645,7 +645,7 @@ if ((lg_own != 0)); then
   lg_rc=$lg_own
 fi
 exit "$lg_rc"
-LAUNCHGEN_EOF_AE76D0D6C584756A
+LAUNCHGEN_EOF_A5DE99B311695081
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_A452CD4A68ACEE43'
 #!/bin/bash
@@ -672,9 +672,9 @@ if [[ $strict == strict ]] && ((sent == 0)); then
 fi
 LAUNCHGEN_EOF_A452CD4A68ACEE43
 
-cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_34A8C9E0D68D00AE'
+cat >"$LG_JOB_DIR"/steps/preflight.sh <<'LAUNCHGEN_EOF_5D449471C64FCDC9'
 #!/bin/bash
-# launchgen preflight step (the in-allocation probes of launchgen.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
+# launchgen preflight step (the in-allocation probes of launchgen.jobside.allocprobe, before any model loads); written by the job script, runs once on each preflight node.
 set -euo pipefail
 LG_NODE=local
 exec >>"$LG_LOG_DIR/preflight-$LG_NODE.log" 2>&1
@@ -688,7 +688,7 @@ trap '' USR2
 
 exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" "$LG_NODE" Qwen/Qwen2.5-1.5B-Instruct \
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
-LAUNCHGEN_EOF_34A8C9E0D68D00AE
+LAUNCHGEN_EOF_5D449471C64FCDC9
 
 cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_750A7801A6D8FCB9'
 #!/bin/bash
@@ -1476,7 +1476,7 @@ LAUNCHGEN_PY
 
 # ---- preflight (job.preflight): on every node at once, before any model loads, the ports each side binds are free
 # and reachable both ways, vllm accepts the server's flags, the planned GPUs are visible, the output directory has
-# room, the model is readable offline (launchgen.allocprobe); a failure ends the job here with stable PF1xx codes
+# room, the model is readable offline (launchgen.jobside.allocprobe); a failure ends the job here with stable PF1xx codes
 LG_PREFLIGHT_T0=$SECONDS
 LG_PREFLIGHT_RC=0
 timeout 90 bash "$LG_JOB_DIR/steps/preflight.sh" </dev/null || LG_PREFLIGHT_RC=$?

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from launchgen.status import parse_scontrol_oneliner
+from launchgen.readback.status import parse_scontrol_oneliner
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"

@@ -1,4 +1,4 @@
-"""The premise of launchgen.directives, checked against the real sbatch: the spellings it refuses are read by
+"""The premise of launchgen.input.directives, checked against the real sbatch: the spellings it refuses are read by
 sbatch as the reserved option (`sbatch -v --test-only` lists the options it parsed), and the ordinary directives
 it lets through are accepted."""
 
@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from slurmkit import Cluster
 
-from launchgen import directives
+from launchgen.input import directives
 
 pytestmark = pytest.mark.slurm
 

@@ -11,7 +11,7 @@ import pytest
 from slurmkit import Cluster, Job, assert_no_survivors, cancel, exit_code, job, run_job, state
 from test_scenarios import spec_for
 
-from launchgen import ports
+from launchgen.shared import ports
 
 pytestmark = pytest.mark.slurm
 

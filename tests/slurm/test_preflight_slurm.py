@@ -1,4 +1,4 @@
-"""The in-allocation preflight (job.preflight, launchgen.allocprobe) on the real cluster: it passes in a healthy job
+"""The in-allocation preflight (job.preflight, launchgen.jobside.allocprobe) on the real cluster: it passes in a healthy job
 and records its cost, and each probe fails a job on purpose, within seconds and before anything loads: a blocked
 group port, a flag the installed server lacks, a GPU index the allocation does not have."""
 

@@ -36,7 +36,7 @@ def _accelerator(mode: str) -> Any:
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    from launchgen.accelerate_config import accelerate_config
+    from launchgen.planning.accelerate_config import accelerate_config
 
     if mode == "fsdp":
         # What `accelerate launch` exports from launchgen's fsdp_config (accelerate.utils.launch); transformers
@@ -79,8 +79,8 @@ def _merged_reference(cfg: Any, state: dict[str, torch.Tensor]) -> dict[str, tor
 
 def main() -> int:
     mode, config_path, report_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.core import Trainer
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation import backends
     from launchgen.trainers.generation.hf_generate import HFGenerateBackend
     from safetensors.torch import load_file

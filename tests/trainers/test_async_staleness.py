@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 from toy_runs import read_metrics, run_cfg, toy_cfg
 from vllm_standin.harness import Standin, free_port, start_standin

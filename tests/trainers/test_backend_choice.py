@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
+from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.generation.backends import _static_cache_fits, make_backend
 
 

@@ -23,8 +23,8 @@ def _heavy(mods: set[str]) -> list[str]:
 
 
 def test_every_field_has_a_description() -> None:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.configs import CONFIGS
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.configs import CONFIGS
 
     for cls in CONFIGS.values():
         rows = field_rows(cls)
@@ -33,7 +33,7 @@ def test_every_field_has_a_description() -> None:
 
 
 def test_help_shows_the_trainers_own_options_and_defaults() -> None:
-    from launchgen.trainers.configs import CONFIGS
+    from launchgen.trainers.declarations.configs import CONFIGS
 
     grpo = {p: d for p, _, d, _ in field_rows(CONFIGS["grpo"])}
     dpo = {p: d for p, _, d, _ in field_rows(CONFIGS["online_dpo"])}
@@ -51,7 +51,7 @@ def test_help_lists_every_field_without_importing_torch(trainer: str) -> None:
     assert "launchgen.trainers.cli" in mods  # the parse worked: importtime did list the imports
     assert _heavy(mods) == []
     out = proc.stdout
-    from launchgen.trainers.configs import CONFIGS
+    from launchgen.trainers.declarations.configs import CONFIGS
 
     for path, typ, default, _desc in field_rows(CONFIGS[trainer]):
         assert f"\n  {path}: {typ} = {default}\n" in out, path

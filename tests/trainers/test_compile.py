@@ -23,7 +23,7 @@ LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
 
 
 def _cfg(model_dir: Path, peft: dict[str, Any] | None = None, **model: Any) -> Any:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     return TrainerConfig.model_validate({
         "trainer": "grpo", "output_dir": "o", "precision": "fp32", "data": {"path": "d"},

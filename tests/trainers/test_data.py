@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from launchgen.trainers.config import DataSection
 from launchgen.trainers.data import PromptSampler, build_prompt, load_rows, tokenize_prompt
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import DataSection
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
 ROWS = [{"question": f"q{i}", "answer": str(i)} for i in range(5)]
 

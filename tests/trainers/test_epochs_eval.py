@@ -38,7 +38,7 @@ def test_steps_for_epochs_hand_values(epochs: float, rows: int, rows_per_batch: 
 
 
 def test_config_rules() -> None:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from pydantic import ValidationError
 
     base = {"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"}, "data": {"path": "d.jsonl"}}

@@ -1,5 +1,5 @@
 """The memory estimate's state terms against a real trainer on CPU (issue 26): after one optimizer step, the bytes
-of the policy's parameters, its AdamW state and the reference model are what `launchgen/estimate.py` says, for
+of the policy's parameters, its AdamW state and the reference model are what `launchgen/shared/estimate.py` says, for
 full fine-tuning, LoRA and a KL reference; and the trainer's measured peak on CPU (the CPU allocator's own count,
 as torch's profiler receives it) is the estimate's total within 20 %. The GPU rows: benchmarks/RESULTS.md."""
 
@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.core import Trainer
+from launchgen.trainers.declarations.config import TrainerConfig
 from toy_runs import toy_cfg
 
-from launchgen.estimate import GIB, ModelShape, TrainerSetup, allocated_gib, trainer_estimate
-from launchgen.estimate_spec import lora_targets, needs_reference_copy
-from launchgen.precision import trainable_weight_dtype
+from launchgen.planning.estimate_spec import lora_targets, needs_reference_copy
+from launchgen.shared.estimate import GIB, ModelShape, TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.precision import trainable_weight_dtype
 
 
 def _bytes(tensors: Any) -> int:
@@ -79,7 +79,7 @@ def test_state_bytes_match_the_trainer_after_a_step(tmp_path: Path, tiny_model_d
 def test_a_real_run_logs_step_times_that_plan_from_run_reads(tmp_path: Path, tiny_model_dir: Path) -> None:
     from toy_runs import run_cfg
 
-    from launchgen.jobfiles import read_step_times
+    from launchgen.readback.jobfiles import read_step_times
 
     job = tmp_path / "job"
     cfg = toy_cfg(tmp_path, tiny_model_dir, "job/trainer", "grpo", num_generations=8, max_steps=3)
@@ -111,7 +111,7 @@ def test_the_loaded_weight_dtype_has_one_owner(tmp_path: Path, model: dict[str, 
 
 
 def test_fp16_weights_with_fp16_loss_scaling_are_refused(tmp_path: Path) -> None:
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.errors import TrainerSetupError
     from launchgen.trainers.modeling import weight_dtype
 
     data = toy_cfg(tmp_path, tmp_path, "o", "grpo", precision="fp16")

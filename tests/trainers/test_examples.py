@@ -26,8 +26,8 @@ def _fresh_accelerate_state() -> Iterator[None]:
 
 
 def _plan(text: str, name: str) -> Any:
-    from launchgen.loader import load_spec_text
-    from launchgen.plan import build_plan
+    from launchgen.input.loader import load_spec_text
+    from launchgen.planning.plan import build_plan
 
     return build_plan(load_spec_text(text, name))
 
@@ -46,8 +46,8 @@ def _variants() -> list[tuple[str, str]]:
 def test_rendered_trainer_config_validates_and_the_module_accepts_it(
     name: str, text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
     plan = _plan(text, name)
     cfg = plan.trainer.config

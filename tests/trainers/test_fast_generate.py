@@ -229,7 +229,7 @@ def test_refuses_sharded_weights(tiny_model_dir: Path) -> None:
 
 
 def test_from_config_builds_a_working_backend(qwen: tuple[Any, Any], tiny_model_dir: Path) -> None:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     model, tok = qwen
     cfg = TrainerConfig.model_validate(

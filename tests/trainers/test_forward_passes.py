@@ -23,8 +23,8 @@ HERE = Path(__file__).parent
 
 def _one_step(cfg_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:
     """Gradients at the first optimizer step, the logged metrics and the number of loss passes."""
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.core import Trainer
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     cfg = TrainerConfig.model_validate(cfg_dict)
     trainer = Trainer(cfg)
@@ -126,7 +126,7 @@ class _GRPOSplitter:
     """The loop's pass splitting for a GRPO objective, without the loop."""
 
     def __init__(self, loss_type: str, limit: int) -> None:
-        from launchgen.trainers.config import TrainerConfig
+        from launchgen.trainers.declarations.config import TrainerConfig
         from launchgen.trainers.objectives.grpo import GRPOObjective
 
         cfg = TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},
@@ -262,9 +262,9 @@ def test_passes_are_refused_under_deepspeed() -> None:
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.core import Trainer
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     def cfg(limit: int | None) -> TrainerConfig:
         return TrainerConfig.model_validate({"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"},

@@ -14,8 +14,8 @@ import torch
 from launchgen.trainers import modeling
 from launchgen.trainers.algorithms import grpo as g
 from launchgen.trainers.algorithms import grpo_loss as gl
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.objectives.grpo import GRPOObjective
 from pydantic import ValidationError
 
@@ -309,8 +309,8 @@ def test_resolved_config_round_trips_for_every_trainer() -> None:
     """A resolved config writes every option of its trainer (at its default; GRPO's only for grpo): reading it
     back must not count that as set."""
     import yaml
-    from launchgen.trainers.algorithm_options import AlgorithmOptions
-    from launchgen.trainers.configs import CONFIGS
+    from launchgen.trainers.declarations.algorithm_options import AlgorithmOptions
+    from launchgen.trainers.declarations.configs import CONFIGS
 
     for trainer in [n for n, c in CONFIGS.items() if issubclass(c, TrainerConfig)]:  # the bundled loop's
         cfg = _cfg(trainer=trainer)

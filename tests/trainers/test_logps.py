@@ -124,8 +124,8 @@ def test_hf_backend_logprobs_are_processed_sampling_logprobs(model_and_tok, para
 
 
 def test_precision_and_liger_errors(monkeypatch) -> None:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     cfg = TrainerConfig.model_validate(
         {"trainer": "grpo", "output_dir": "/tmp/x", "model": {"name_or_path": "m", "use_liger_kernel": True}, "data": {"path": "d.jsonl"}}
@@ -145,8 +145,8 @@ def test_precision_and_liger_errors(monkeypatch) -> None:
 
 
 def test_hub_kernel_offline_missing_is_a_clear_error(monkeypatch, tmp_path: Path) -> None:
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -165,8 +165,8 @@ def test_hub_kernel_offline_missing_is_a_clear_error(monkeypatch, tmp_path: Path
 
 def test_flash_attention_without_package_is_explicit_error() -> None:
     import transformers  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.errors import TrainerSetupError
     from transformers.utils import import_utils
 
     if import_utils.is_flash_attn_2_available():

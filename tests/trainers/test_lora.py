@@ -12,9 +12,9 @@ from typing import Any
 import peft  # noqa: F401  (a [train] dependency: missing is a failure, not a skip)
 import pytest
 import torch
-from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.core import Trainer
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from pydantic import ValidationError
 from toy_runs import read_metrics, run_cfg, toy_cfg
 from vllm_standin.harness import free_port, start_standin

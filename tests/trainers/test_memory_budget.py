@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 from launchgen.trainers import memory_budget
-from launchgen.trainers.config import TrainerConfig
 from launchgen.trainers.core import Trainer
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from toy_runs import toy_cfg
 
 GIB = 2**30

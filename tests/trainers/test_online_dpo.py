@@ -71,7 +71,7 @@ def _base(**over: Any) -> dict[str, Any]:
 
 def test_config_defaults_follow_trl_only_where_unset() -> None:
     import yaml
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from pydantic import ValidationError
 
     c = TrainerConfig.model_validate(_base())

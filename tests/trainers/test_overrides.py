@@ -25,7 +25,7 @@ def _base(tmp_path: Path) -> dict[str, Any]:
     ("data.system_prompt=a=b", {"data": {"system_prompt": "a=b"}}),  # only the first `=` separates
 ])
 def test_override_values_are_yaml(item: str, want: dict[str, Any]) -> None:
-    from launchgen.trainers.config import apply_override
+    from launchgen.trainers.declarations.config import apply_override
 
     data: dict[str, Any] = {}
     apply_override(data, item)
@@ -38,14 +38,14 @@ def test_override_values_are_yaml(item: str, want: dict[str, Any]) -> None:
     ("max_steps.x=3", "max_steps is not a mapping"),
 ])
 def test_bad_overrides_name_the_item(item: str, needle: str) -> None:
-    from launchgen.trainers.config import apply_override
+    from launchgen.trainers.declarations.config import apply_override
 
     with pytest.raises(ValueError, match=needle):
         apply_override({"max_steps": 3}, item)
 
 
 def test_empty_value_clears_a_nullable_field_through_from_yaml(tmp_path: Path) -> None:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(_base(tmp_path)))

@@ -15,7 +15,7 @@ HERE = Path(__file__).parent
 
 
 def _cfg(**over: Any) -> Any:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     d: dict[str, Any] = {"trainer": "grpo", "output_dir": "o", "model": {"name_or_path": "m"}, "data": {"path": "d"}}
     d.update(over)
@@ -25,8 +25,8 @@ def _cfg(**over: Any) -> Any:
 def test_every_bundled_trainer_has_an_objective_and_an_entry_module() -> None:
     """Found, not listed: each declared config class of the bundled loop has the objective that names it and the
     entry module its facts name; a trainer with another runtime has only its entry module."""
-    from launchgen.trainers.config import TrainerConfig
-    from launchgen.trainers.configs import CONFIGS, TRAINER_NAMES
+    from launchgen.trainers.declarations.config import TrainerConfig
+    from launchgen.trainers.declarations.configs import CONFIGS, TRAINER_NAMES
     from launchgen.trainers.objectives import OBJECTIVES
 
     assert list(CONFIGS) == list(TRAINER_NAMES) and {"grpo", "rloo", "online_dpo", "sft"} <= set(CONFIGS)
@@ -42,8 +42,8 @@ def test_every_bundled_trainer_has_an_objective_and_an_entry_module() -> None:
 def test_a_trainer_is_declared_once() -> None:
     from typing import ClassVar, Literal
 
-    from launchgen.trainers.configs.grpo import GRPOConfig
-    from launchgen.trainers.declaration import TrainerFacts
+    from launchgen.trainers.declarations.configs.grpo import GRPOConfig
+    from launchgen.trainers.declarations.declaration import TrainerFacts
 
     with pytest.raises(TypeError, match="declared twice"):
         type("Again", (GRPOConfig,), {"__annotations__": {"trainer": Literal["grpo"],
@@ -52,7 +52,7 @@ def test_a_trainer_is_declared_once() -> None:
 
 
 def test_every_backend_name_has_a_spec() -> None:
-    from launchgen.trainers.config import Backend
+    from launchgen.trainers.declarations.config import Backend
     from launchgen.trainers.generation.backends import BACKENDS
 
     assert sorted(BACKENDS) == sorted(get_args(Backend))
@@ -76,7 +76,7 @@ def test_grpo_importance_sampling_follows_the_backend_capability(
 
 
 def test_importance_sampling_without_log_probs_is_refused_at_setup(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.errors import TrainerSetupError
     from launchgen.trainers.generation import backends
     from launchgen.trainers.objectives import build_objective
 
@@ -117,7 +117,7 @@ def test_weight_sync_follows_the_capability(
 
 def test_unknown_trainer_is_a_setup_error() -> None:
     from launchgen.trainers import objectives
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     cfg = _cfg()
     object.__setattr__(cfg, "trainer", "ppo")  # past the config's Literal, as a new name without an entry would be
@@ -128,8 +128,8 @@ def test_unknown_trainer_is_a_setup_error() -> None:
 
 def test_liger_support_is_declared_by_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-    from launchgen.trainers.configs.rloo import RLOOConfig
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.configs.rloo import RLOOConfig
+    from launchgen.trainers.declarations.errors import TrainerSetupError
     from launchgen.trainers.objectives import build_objective
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the CUDA check, to the trainer's support
@@ -145,7 +145,7 @@ def test_liger_support_is_declared_by_the_trainer(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_docs_table_is_the_declarations() -> None:
-    from launchgen.trainers.declaration import trainers_markdown
+    from launchgen.trainers.declarations.declaration import trainers_markdown
 
     page = (HERE.parents[1] / "docs" / "trainers.md").read_text()
     assert trainers_markdown() in page, "regenerate the table in docs/trainers.md from trainers_markdown()"
@@ -156,8 +156,8 @@ def test_no_trainer_name_is_compared_outside_its_declaration() -> None:
     own files only. A comparison with a declared name anywhere else in launchgen/ or trainers/ fails here."""
     import re
 
-    from launchgen.trainers.configs import TRAINER_NAMES
-    from launchgen.trainers.trl.entries import TRL_ENTRIES, TRL_GONE
+    from launchgen.trainers.declarations.configs import TRAINER_NAMES
+    from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES, TRL_GONE
 
     root = HERE.parents[1]
     # TRL's trainers go by `trl.<name>` in a spec and by `<name>` in their entry (`entry.name`)
@@ -165,7 +165,7 @@ def test_no_trainer_name_is_compared_outside_its_declaration() -> None:
     names = "|".join(re.escape(n) for n in sorted({*TRAINER_NAMES, *short}, key=len, reverse=True))
     compare = re.compile(
         rf"""(trainer\w*|\bentry\w*\.name|\bname)\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{{]?\s*["']({names})["']""")
-    own = ({"trainers/configs", "trainers/objectives", "trainers/trl/entries.py"}
+    own = ({"trainers/declarations/configs", "trainers/objectives", "trainers/declarations/trl/entries.py"}
            | {f"trainers/{n}.py" for n in TRAINER_NAMES})
     assert compare.search('if cfg.trainer == "sft":') and compare.search("t.trainer in ('grpo', 'rloo')")
     assert compare.search('if entry.name == "gkd":') and compare.search('if trainer == "trl.grpo":')

@@ -105,7 +105,7 @@ def test_missing_wandb_is_refused_before_the_model_loads(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from launchgen.trainers import modeling
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setitem(sys.modules, "wandb", None)

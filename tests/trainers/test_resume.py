@@ -13,8 +13,8 @@ pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 from launchgen.trainers.checkpoint import COMPLETE_MARKER
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.resume import MAY_CHANGE, differences, fingerprint
 from toy_runs import read_metrics, run_cfg, toy_cfg
 
@@ -191,8 +191,8 @@ def test_resume_never_into_a_directory_with_checkpoints_is_refused(tmp_path: Pat
 def test_a_checkpoint_recorded_with_every_trainers_options_still_resumes(tmp_path: Path) -> None:
     """Before GRPO's options were GRPO's alone, every trainer's resolved config (and so its checkpoint) wrote them
     at their defaults: such a checkpoint of an rloo run still matches; one that changed one of them does not."""
-    from launchgen.trainers.algorithm_options import AlgorithmOptions
     from launchgen.trainers.checkpoint import STATE_FILE
+    from launchgen.trainers.declarations.algorithm_options import AlgorithmOptions
     from launchgen.trainers.resume import decide
 
     cfg = TrainerConfig.model_validate({"trainer": "rloo", "output_dir": str(tmp_path), "max_steps": 9,

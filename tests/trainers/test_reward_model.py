@@ -58,9 +58,9 @@ def test_conversational_prompts_use_the_chat_template(reward_model_dir: Path) ->
 
 
 def test_bad_reward_model_path_is_a_setup_error_naming_the_field(tmp_path: Path) -> None:
-    from launchgen.trainers.config import RewardSpec
-    from launchgen.trainers.errors import TrainerSetupError
-    from launchgen.trainers.rewards import load_rewards
+    from launchgen.trainers.declarations.config import RewardSpec
+    from launchgen.trainers.declarations.errors import TrainerSetupError
+    from launchgen.trainers.declarations.rewards import load_rewards
     from pydantic import ValidationError
 
     with pytest.raises(TrainerSetupError, match=r"rewards\.1\.model: cannot load reward model"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from launchgen.trainers import rewards as rw
-from launchgen.trainers.config import RewardSpec
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations import rewards as rw
+from launchgen.trainers.declarations.config import RewardSpec
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
 
 def test_accuracy_boxed_and_last_number() -> None:

@@ -35,7 +35,7 @@ def _cfg(tmp_path: Path, model: Path, data: Path, out: str, **over: Any) -> dict
 
 
 def _tc(**over: Any) -> Any:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     d: dict[str, Any] = {"trainer": "sft", "output_dir": "o", "model": {"name_or_path": "m"}, "data": {"path": "d"}}
     d.update(over)
@@ -125,7 +125,7 @@ def test_prompt_completion_and_text_formats(tok: Any) -> None:
     ids, mask = tokenize_example(text, "text", tok, _tc())
     assert ids[-1] == tok.eos_token_id and set(mask) == {1}
 
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     with pytest.raises(TrainerSetupError, match="column_mapping"):
         detect_format({"question": "x"}, "prompt")
@@ -165,8 +165,8 @@ def _metrics(out: Path) -> list[dict[str, Any]]:
 
 
 def _run(cfg: dict[str, Any]) -> int:
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.core import run
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     return run(TrainerConfig.model_validate(cfg))
 

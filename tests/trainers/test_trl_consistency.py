@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 import yaml
-from launchgen.trainers.trl.config import TrlRunConfig
+from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
-from launchgen.loader import load_spec_text
-from launchgen.trainer_config import resolve_trainer_config
+from launchgen.input.loader import load_spec_text
+from launchgen.kinds.trainer_config import resolve_trainer_config
 
 
 @pytest.fixture(autouse=True)

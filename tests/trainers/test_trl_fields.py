@@ -1,12 +1,12 @@
-"""The torch-free TRL field table (`launchgen/trainers/trl/fields.json`) is what the installed TRL's config
+"""The torch-free TRL field table (`launchgen/trainers/declarations/trl/fields.json`) is what the installed TRL's config
 dataclasses say, and its checks find the mistakes they are for."""
 
 from __future__ import annotations
 
 import pytest
+from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES, TRL_VERSION
+from launchgen.trainers.declarations.trl.fields import fields_of, problems, table
 from launchgen.trainers.trl import fieldgen
-from launchgen.trainers.trl.entries import TRL_ENTRIES, TRL_VERSION
-from launchgen.trainers.trl.fields import fields_of, problems, table
 
 
 def test_the_table_equals_the_installed_trls_dataclasses() -> None:

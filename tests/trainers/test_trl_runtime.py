@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 import yaml
-from launchgen.trainers.trl.config import TrlRunConfig
-from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.declarations.trl.config import TrlRunConfig
+from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES
 from launchgen.trainers.trl.run import main, run
 from trl_runs import metric_steps, trl_cfg
 
-from launchgen.jobdir import COMPLETE_MARKER, EXIT_CONFIG, EXIT_OK, EXIT_PREEMPTED
+from launchgen.shared.jobdir import COMPLETE_MARKER, EXIT_CONFIG, EXIT_OK, EXIT_PREEMPTED
 
 LOCAL = [n for n, e in TRL_ENTRIES.items() if e.vllm != "server"]  # async_grpo needs a server: tests/vllm_real
 

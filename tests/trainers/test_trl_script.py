@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launchgen.jobdir import COMPLETE_MARKER, EXIT_PREEMPTED
+from launchgen.shared.jobdir import COMPLETE_MARKER, EXIT_PREEMPTED
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "trl_grpo_script.py"

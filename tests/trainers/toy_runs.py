@@ -40,7 +40,7 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
 
 
 def run_cfg(cfg: dict[str, Any]) -> int:
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.core import run
+    from launchgen.trainers.declarations.config import TrainerConfig
 
     return run(TrainerConfig.model_validate(cfg))

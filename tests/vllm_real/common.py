@@ -11,10 +11,10 @@ from typing import Any, Protocol
 
 import torch
 import yaml
+from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
 from launchgen.trainers.generation.vllm_client import VLLMClient
 from launchgen.trainers.generation.vllm_server import VLLMServerBackend
 from launchgen.trainers.generation.weight_transfer import NCCLTransport
-from launchgen.trainers.peft_config import FUSED_GROUPS
 
 from vllm_real.harness import REPO_ROOT, free_port
 

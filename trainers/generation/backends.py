@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.generation.capabilities import CAPABILITIES, Capabilities
+from launchgen.trainers.declarations.capabilities import CAPABILITIES, Capabilities
+from launchgen.trainers.declarations.errors import TrainerSetupError
 
 if TYPE_CHECKING:
-    from launchgen.trainers.config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation.protocol import GenerationBackend
 
 #: (cfg, accelerator, policy model as prepared, tokenizer) -> backend

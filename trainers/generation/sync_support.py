@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launchgen import ports
+from launchgen.shared import ports
 
 from .vllm_client import VLLMServerError, VLLMTimeoutError
 from .weight_transfer import GlooTransport, NCCLTransport, TensorMeta, Transport

@@ -27,8 +27,8 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from launchgen import ports
-from launchgen.compat import vllm_feature_since
+from launchgen.shared import ports
+from launchgen.shared.compat import vllm_feature_since
 
 from .protocol import SamplingParams
 

@@ -28,16 +28,15 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from launchgen.jobdir import ENV_COLOCATE_MASTER_PORT
-from launchgen.layout import tp_divides
-from launchgen.precision import engine_dtype
+from launchgen.shared.jobdir import ENV_COLOCATE_MASTER_PORT
+from launchgen.shared.layout import tp_divides
+from launchgen.shared.precision import engine_dtype
 
 from .protocol import GenerationOutput, SamplingParams
 
 if TYPE_CHECKING:
     import torch
-
-    from ..config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
 NamedParamsFn = Callable[[], Iterator[tuple[str, "torch.Tensor"]]]
 GatherFn = Callable[[list[list[int]]], list[list[list[int]]]]

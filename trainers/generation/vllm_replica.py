@@ -59,8 +59,7 @@ from .vllm_server import VLLMServerBackend
 
 if TYPE_CHECKING:
     import torch
-
-    from ..config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from launchgen import ports
+from launchgen.shared import ports
 
 from .protocol import SamplingParams
 from .rank_zero import RankZeroBackend
@@ -70,8 +70,7 @@ from .weight_transfer import (
 
 if TYPE_CHECKING:
     import torch
-
-    from ..config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
 logger = logging.getLogger(__name__)
 

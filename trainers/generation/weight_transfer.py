@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from launchgen.jobdir import ENV_WEIGHT_TRANSPORT
+from launchgen.shared.jobdir import ENV_WEIGHT_TRANSPORT
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """The bundled trainers' objectives, by `trainer` name: found, not listed.
 
 An objective is a class in a module of this package with `config_class` (its trainer's config class, see
-`launchgen.trainers.configs`), constructed as `cls(cfg, num_processes)` (see `base.Objective`; an online-RL one is
+`launchgen.trainers.declarations.configs`), constructed as `cls(cfg, num_processes)` (see `base.Objective`; an online-RL one is
 also a `base.RLObjective` whose `make_source` returns a `rollout.Rollout`). Importing this package imports every module
 of it, so adding a trainer's objective touches no list here.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.declaration import declared, names_where
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.declaration import declared, names_where
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.objectives.base import Objective
 
 

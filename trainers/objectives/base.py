@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.stats import Stat, StepStats
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from launchgen.trainers.config import TrainerConfig
     from launchgen.trainers.data import PromptSampler
-    from launchgen.trainers.generation.capabilities import Capabilities
+    from launchgen.trainers.declarations.capabilities import Capabilities
+    from launchgen.trainers.declarations.config import TrainerConfig
     from launchgen.trainers.generation.protocol import GenerationBackend
     from launchgen.trainers.passes import RowLayout
 

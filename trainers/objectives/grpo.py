@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from launchgen.trainers.algorithm_options import CLIPPED_LOSS_TYPES, NEW_LOSS_TYPES, TOKEN_SUM_LOSS_TYPES
 from launchgen.trainers.algorithms import grpo as grpo_alg
 from launchgen.trainers.algorithms import grpo_loss
 from launchgen.trainers.algorithms.adaptive_entropy import AdaptiveEntropy
-from launchgen.trainers.configs.grpo import GRPOConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.algorithm_options import (
+    CLIPPED_LOSS_TYPES,
+    NEW_LOSS_TYPES,
+    TOKEN_SUM_LOSS_TYPES,
+)
+from launchgen.trainers.declarations.configs.grpo import GRPOConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.generation.backends import capabilities
 from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats

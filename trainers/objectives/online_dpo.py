@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 from launchgen.trainers.algorithms import online_dpo as dpo_alg
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.configs.online_dpo import OnlineDPOConfig
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.configs.online_dpo import OnlineDPOConfig
 from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 from launchgen.trainers.algorithms import rloo as rloo_alg
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.configs.rloo import RLOOConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.configs.rloo import RLOOConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.objectives import base
 from launchgen.trainers.stats import Stat, StepStats
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from launchgen.trainers.config import TrainerConfig
-from launchgen.trainers.configs.sft import SFTConfig
-from launchgen.trainers.errors import TrainerSetupError
+from launchgen.trainers.declarations.config import TrainerConfig
+from launchgen.trainers.declarations.configs.sft import SFTConfig
+from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.objectives.base import Batch, BatchSource, Geometry, NoStepState
 from launchgen.trainers.stats import Stat, StepStats
 from launchgen.trainers.supervised import ExampleSource, make_liger_ce_loss, sequence_nll

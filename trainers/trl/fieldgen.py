@@ -19,9 +19,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from launchgen.trainers.trl.entries import TRL_ENTRIES
+from launchgen.trainers.declarations.trl.entries import TRL_ENTRIES
 
-TABLE = Path(__file__).with_name("fields.json")
+TABLE = Path(__file__).parents[1] / "declarations" / "trl" / "fields.json"
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict", tuple: "list"}
 
 

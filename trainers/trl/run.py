@@ -21,10 +21,10 @@ from launchgen.trainers.checkpoint import (
     SignalFlag,
     write_complete_marker,
 )
-from launchgen.trainers.config import DataSection
-from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.trl.config import TrlRunConfig
-from launchgen.trainers.trl.entries import TrlEntry
+from launchgen.trainers.declarations.config import DataSection
+from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.trl.config import TrlRunConfig
+from launchgen.trainers.declarations.trl.entries import TrlEntry
 
 
 def _load(path: str) -> Any:
@@ -97,7 +97,7 @@ def _reward_callable(loaded: Any) -> Any:
 
 
 def rewards(cfg: TrlRunConfig, device: Any) -> tuple[list[Any], list[float]]:
-    from launchgen.trainers.rewards import load_rewards
+    from launchgen.trainers.declarations.rewards import load_rewards
 
     loaded = load_rewards(cfg.rewards, device)
     return [_reward_callable(r) for r in loaded], [r.weight for r in loaded]
@@ -231,11 +231,11 @@ def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from launchgen.jobdir import EXIT_CONFIG
+    from launchgen.shared.jobdir import EXIT_CONFIG
 
     p = argparse.ArgumentParser(prog="python -m launchgen.trainers.trl",
                                 description="Train with TRL's own trainer under launchgen's lifecycle.")
-    p.add_argument("--config", required=True, help="run config (YAML): launchgen.trainers.trl.config.TrlRunConfig")
+    p.add_argument("--config", required=True, help="run config (YAML): launchgen.trainers.declarations.trl.config.TrlRunConfig")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field (dotted path, value parsed as YAML); repeatable")
     a = p.parse_args(argv)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from launchgen.trainers.checkpoint import EXIT_PREEMPTED, SignalFlag, write_complete_marker
 
 if TYPE_CHECKING:
-    from launchgen.trainers.trl.config import TrlRunConfig
+    from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
 #: A script whose source names one of these parses TRL's config fields from its command line.
 ARG_PARSERS = ("TrlParser", "HfArgumentParser")

@@ -9,7 +9,7 @@ from pathlib import Path
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.containers import _uniq, containers_of, image_is_path
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _doc("LG250", "error", "A container image that is a local path does not exist or cannot be read here.",
      "Fix the path (relative paths start at the submit directory), build or copy the image there, or name a "

@@ -1,6 +1,6 @@
 """LG330-LG334: `data.path` exists, is a format the trainer reads, and its first rows have the columns it needs.
 
-Peeks with the trainer's own readers (`launchgen.trainers.datafiles`): the first rows of JSON Lines / JSON /
+Peeks with the trainer's own readers (`launchgen.trainers.declarations.datafiles`): the first rows of JSON Lines / JSON /
 Parquet or a `save_to_disk` folder, never the whole file. Needed columns: the prompt column for the online
 trainers, one of each built-in reward's columns (`rewards.BUILTIN_COLUMNS`), an SFT row format for `sft`.
 """
@@ -12,15 +12,21 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from launchgen import specfiles
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.trainer_args import data_section, reward_specs
-from launchgen.issues import Issue
-from launchgen.trainers.config import DataSection
-from launchgen.trainers.datafiles import LOCAL_SUFFIXES, PeekUnavailable, local_path, mapped, peek_local
-from launchgen.trainers.errors import TrainerSetupError
-from launchgen.trainers.rewards import BUILTIN_COLUMNS
+from launchgen.input import specfiles
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.config import DataSection
+from launchgen.trainers.declarations.datafiles import (
+    LOCAL_SUFFIXES,
+    PeekUnavailable,
+    local_path,
+    mapped,
+    peek_local,
+)
+from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.rewards import BUILTIN_COLUMNS
 
 #: Column names data sets commonly use for the prompt and for the reference answer, to suggest a mapping.
 PROMPT_LIKE = ("question", "problem", "query", "instruction", "input", "prompt_text")
@@ -69,7 +75,7 @@ def _columns_issues(ctx: Ctx, data: DataSection, columns: list[str], what: str) 
                             "rename them with train.args.data.column_mapping")
         return
     if facts.data == "examples":
-        from launchgen.trainers.datafiles import detect_sft_format
+        from launchgen.trainers.declarations.datafiles import detect_sft_format
 
         try:
             detect_sft_format(dict.fromkeys(columns), data.prompt_column)

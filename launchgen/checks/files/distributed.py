@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from launchgen import specfiles
-from launchgen.accelerate_config import read_user_config
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.distributed import _D, _DISTRIBUTED_TYPE
-from launchgen.issues import Issue
-from launchgen.precision import resolve_precision
+from launchgen.input import specfiles
+from launchgen.planning.accelerate_config import read_user_config
+from launchgen.shared.issues import Issue
+from launchgen.shared.precision import resolve_precision
 
 _doc("LG633", "error", "train.distributed.accelerate_config cannot be used: unreadable, not a YAML mapping, or its "
      "distributed_type contradicts train.backend.", "Fix the path (relative paths start at the submit directory) or "

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.trainer_args import eval_data_section
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _doc("LG361", "error", "train.args.eval_data cannot be used: its local file does not exist, cannot be read, or lacks "
      "the prompt column.", "Fix train.args.eval_data (the same fields as data; relative paths start at the "
@@ -16,8 +16,8 @@ _doc("LG361", "error", "train.args.eval_data cannot be used: its local file does
 
 @check("LG361", stage="files")
 def eval_data_readable(ctx: Ctx) -> Iterator[Issue]:
-    from launchgen.trainers.datafiles import PeekUnavailable, local_path, mapped, peek_local
-    from launchgen.trainers.errors import TrainerSetupError
+    from launchgen.trainers.declarations.datafiles import PeekUnavailable, local_path, mapped, peek_local
+    from launchgen.trainers.declarations.errors import TrainerSetupError
 
     data = eval_data_section(ctx)
     if data is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 #: huggingface_hub's repo id rule (validate_repo_id): optional namespace, a name, no `--` or `..`.
 _REPO_ID_RE = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launchgen.accelerate_config import read_user_config
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.peft import _section
-from launchgen.issues import Issue
+from launchgen.planning.accelerate_config import read_user_config
+from launchgen.shared.issues import Issue
 
 _doc("LG346", "error", "train.args.peft.adapter_path is a local path without a saved adapter (adapter_config.json).",
      "Point it at a PEFT adapter directory (a previous run's final/), or remove it to start new adapters.")

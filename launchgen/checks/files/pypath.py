@@ -18,7 +18,7 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launchgen import specfiles
+from launchgen.input import specfiles
 
 if TYPE_CHECKING:
     from launchgen.checks.context import Ctx

@@ -1,6 +1,6 @@
 """LG320-LG323: every reward the trainer will load resolves, checked without importing it.
 
-Built-in names come from the trainers' own registry (`launchgen.trainers.rewards.BUILTINS`, torch-free); a
+Built-in names come from the trainers' own registry (`launchgen.trainers.declarations.rewards.BUILTINS`, torch-free); a
 `module:function` is located on the trainer's import path (`pypath`) and its source parsed for the function.
 """
 
@@ -13,8 +13,8 @@ from launchgen.checks.context import Ctx
 from launchgen.checks.files.pypath import find_module, module_source, search_path, top_level_names
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.trainer_args import reward_specs
-from launchgen.issues import Issue
-from launchgen.trainers.rewards import BUILTINS
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.rewards import BUILTINS
 
 #: Names users write for a built-in (its function's name in rewards.py, TRL habits).
 ALIASES = {"format_reward": "format", "accuracy_reward": "accuracy", "length_reward": "length"}

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from launchgen import specfiles
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import check
-from launchgen.issues import Issue
+from launchgen.input import specfiles
+from launchgen.shared.issues import Issue
 
 #: launchgen.trainers.trl.script.ARG_PARSERS (that module imports torch)
 _PARSERS = ("TrlParser", "HfArgumentParser")

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc
 from launchgen.checks.spec.containers import _uniq, containers_of
-from launchgen.containers import RUNTIMES
-from launchgen.issues import Issue
+from launchgen.planning.containers import RUNTIMES
+from launchgen.shared.issues import Issue
 
 _doc("LG256", "warning", "`check --live`: the container runtime was not found here (the probe is named).",
      "Run the check where the jobs run (a login node of the cluster), load the runtime's module, or pick the "

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.live.command import PROBE_TIMEOUT, ProbeSkipped, Runner
 from launchgen.checks.spec.fit import _server, _trainer
-from launchgen.estimate_spec import estimate, gpu_memory
-from launchgen.issues import Issue
+from launchgen.planning.estimate_spec import estimate, gpu_memory
+from launchgen.shared.issues import Issue
 
 
 def probe_gpu_memory(ctx: Ctx, runner: Runner) -> Iterator[Issue]:

@@ -16,7 +16,6 @@ import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from launchgen import compat, ports
 from launchgen.checks.context import Ctx
 from launchgen.checks.live.command import PROBE_TIMEOUT, ProbeSkipped, Runner, run_command
 from launchgen.checks.live.containers import ProbeUnavailable, probe_runtimes
@@ -31,11 +30,12 @@ from launchgen.checks.spec.kernels import (
     split_kernel,
 )
 from launchgen.checks.spec.ports import PORT_NAMES, port_uses
-from launchgen.hfcache import kernel_in_cache, model_in_cache
-from launchgen.issues import Issue
-from launchgen.loader import LoadedSpec
-from launchgen.precision import resolve_precision
-from launchgen.spec import parse_time_limit
+from launchgen.input.loader import LoadedSpec
+from launchgen.input.spec import parse_time_limit
+from launchgen.planning.hfcache import kernel_in_cache, model_in_cache
+from launchgen.shared import compat, ports
+from launchgen.shared.issues import Issue
+from launchgen.shared.precision import resolve_precision
 
 
 def _skip(what: str, why: str) -> Issue:
@@ -168,7 +168,7 @@ def installed_versions(names: tuple[str, ...] = compat.TRACKED_PACKAGES) -> dict
 
 
 def table_version() -> str:
-    from launchgen.trainers.trl.fields import table_version as version
+    from launchgen.trainers.declarations.trl.fields import table_version as version
 
     return version()
 

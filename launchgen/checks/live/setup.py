@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _SOURCE_RE = re.compile(r"^\s*(?:source|\.)\s+(.+)$")
 

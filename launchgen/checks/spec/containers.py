@@ -1,7 +1,7 @@
 """Checks of `container`, `vllm.container` and `train.container` (LG250-LG259), and the `check --live` probe of
 each runtime.
 
-The runtimes' syntax is `launchgen.containers`; these checks say what a runtime cannot take (an image kind, a
+The runtimes' syntax is `launchgen.planning.containers`; these checks say what a runtime cannot take (an image kind, a
 mount option), what is missing on disk (the files stage: a local image, a mount's source, a charliecloud image
 directory's mount points) and, live, whether the runtime is there. The spec already refuses what no runtime takes
 (relative or blank-holding mount paths, `:` or `,` inside a path).
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.containers import REGISTRY_SCHEMES, RUNTIMES, RoleName, role_container
-from launchgen.issues import Issue
-from launchgen.spec import ContainerSection, Spec
+from launchgen.input.spec import ContainerSection, Spec
+from launchgen.planning.containers import REGISTRY_SCHEMES, RUNTIMES, RoleName, role_container
+from launchgen.shared.issues import Issue
 
 _doc("LG252", "error", "The container image is of a kind its runtime cannot run (a `.sif` under pyxis or "
      "charliecloud, a registry URI under charliecloud, enroot's `registry#image` under apptainer).",

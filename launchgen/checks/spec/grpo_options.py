@@ -1,4 +1,4 @@
-"""LG612-LG616: GRPOConfig loss options (`trainers/algorithm_options.py`) in combinations the trainer cannot run or
+"""LG612-LG616: GRPOConfig loss options (`trainers/declarations/algorithm_options.py`) in combinations the trainer cannot run or
 that do not do what a TRL user expects. Spec-stage checks (they read `train.args` only, no file), so `plan` and
 `render` refuse the same specs; the trainer refuses the errors again at start-up (a hand-written config).
 
@@ -15,8 +15,8 @@ from typing import Any
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.kernels import liger_fused_loss
-from launchgen.issues import Issue
-from launchgen.trainers.algorithm_options import NEW_LOSS_TYPES, AlgorithmOptions
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.algorithm_options import NEW_LOSS_TYPES, AlgorithmOptions
 
 _A = "train.args"
 

@@ -1,6 +1,6 @@
 """Checks of a heterogeneous job (LG260-LG261): the server on its own partition/account/qos/GPU type.
 
-What makes a spec one is `launchgen.hetjob`; these refuse what SLURM cannot express: one node belongs to one
+What makes a spec one is `launchgen.planning.hetjob`; these refuse what SLURM cannot express: one node belongs to one
 component, so the server needs dedicated nodes, and an in-process (colocate) vLLM has no nodes of its own.
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.hetjob import SERVER_FIELDS, server_overrides
-from launchgen.issues import Issue
+from launchgen.planning.hetjob import SERVER_FIELDS, server_overrides
+from launchgen.shared.issues import Issue
 
 _doc("LG260", "error", "vllm.partition / account / qos / gpu_type in colocate mode: vLLM runs inside the trainer "
      "processes, so it cannot have a partition or GPU type of its own (SLURM has no such job).",

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.invariants import output_dir_problems, sbatch_value_problems
-from launchgen.issues import Issue
+from launchgen.planning.invariants import output_dir_problems, sbatch_value_problems
+from launchgen.shared.issues import Issue
 
 _doc("LG907", "error", "A slurm value (partition, account, qos, gpu_type, mem) is empty or contains whitespace, "
      "which would corrupt its #SBATCH line.", "Use the name without spaces or line breaks.")

@@ -7,9 +7,9 @@ from typing import Any
 
 from launchgen.checks.context import Ctx, _set
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.precision import PRECISION_DTYPE
-from launchgen.trainers.config import BUILTIN_ATTN, HUB_KERNEL_RE
+from launchgen.shared.issues import Issue
+from launchgen.shared.precision import PRECISION_DTYPE
+from launchgen.trainers.declarations.config import BUILTIN_ATTN, HUB_KERNEL_RE
 
 # === LG6xx kernels and precision ==========================================================================
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _doc("LG360", "warning", "train.args sets both num_train_epochs and max_steps: num_train_epochs decides the step count.",
      "Keep one: num_train_epochs to count passes over the data, or max_steps to count optimizer steps.")

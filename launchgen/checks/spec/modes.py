@@ -8,9 +8,9 @@ from typing import Any
 from launchgen.checks.context import Ctx, _set
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.kernels import _args_precision_conflict, attn_implementation_args
-from launchgen.issues import Issue
-from launchgen.ownership import owned_args
-from launchgen.trainers.declaration import names_where
+from launchgen.kinds.ownership import owned_args
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.declaration import names_where
 
 # === LG5xx mode rules =====================================================================================
 
@@ -130,7 +130,7 @@ def _owned_reported_elsewhere(ctx: Ctx) -> set[str]:
 @check("LG902")
 def trainer_args_not_owned(ctx: Ctx) -> Iterator[Issue]:
     if ctx.trainer_facts.trl_config is not None:
-        return  # TRL's fields: a value contradicting the topology is LG921 (launchgen.trl_config)
+        return  # TRL's fields: a value contradicting the topology is LG921 (launchgen.kinds.trl_config)
     elsewhere = _owned_reported_elsewhere(ctx)
     for path, by in owned_args(ctx.spec.train.args):
         if path not in elsewhere:

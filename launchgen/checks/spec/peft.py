@@ -1,7 +1,7 @@
 """LG340-LG346: `train.args.peft` (LoRA) against the model's module names and the settings it cannot run with.
 
 The module names come from the model's config.json (`model_type`, `num_hidden_layers`) through the table in
-`launchgen.trainers.peft_config`, without importing torch; the combination rule is that module's too, so `check`
+`launchgen.trainers.declarations.peft_config`, without importing torch; the combination rule is that module's too, so `check`
 and the trainer refuse the same things. A `peft` section that does not validate is LG901's (the plan reports it).
 """
 
@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from launchgen.checks.constants import vllm_flag
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.trainers.peft_config import (
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.peft_config import (
     ALL_LINEAR,
     PeftSection,
     combination_errors,

@@ -1,22 +1,22 @@
-"""LG4xx: ports (valid, distinct, and safe under `job.port_offset: job_id`; the rules are `launchgen.ports`')."""
+"""LG4xx: ports (valid, distinct, and safe under `job.port_offset: job_id`; the rules are `launchgen.shared.ports`')."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from launchgen import ports
 from launchgen.checks.constants import (
     PORT_OFFSET_MAX,
     PORT_OFFSET_STEP,
 )
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.ports import EPHEMERAL_HIGH, EPHEMERAL_LOW, PORT_MAX, PORT_MIN
+from launchgen.shared import ports
+from launchgen.shared.issues import Issue
+from launchgen.shared.ports import EPHEMERAL_HIGH, EPHEMERAL_LOW, PORT_MAX, PORT_MIN
 
 if TYPE_CHECKING:
-    from launchgen.plan import Port
+    from launchgen.planning.plan import Port
 
 
 # === LG4xx ports ==========================================================================================
@@ -46,7 +46,7 @@ PORT_NAMES = {
 
 def port_uses(ctx: Ctx) -> tuple[Port, ...]:
     """Every port the job listens on, with the node position that binds it (the plan's own resolver)."""
-    from launchgen.plan import resolve_ports
+    from launchgen.planning.plan import resolve_ports
 
     return resolve_ports(ctx.spec)
 

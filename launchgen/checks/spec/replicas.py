@@ -1,7 +1,7 @@
 """Checks of `vllm.replicas` (LG220-LG229): placement, mode, count, addresses and restarts of server replicas.
 
 LG201 (TP x DP x replicas against the server's GPUs) stays in `checks.py`; these stand down where it fires, so a
-mistake gets one message. The placement math is `launchgen.replicas`.
+mistake gets one message. The placement math is `launchgen.planning.replicas`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.replicas import MAX_REPLICAS, place
+from launchgen.planning.replicas import MAX_REPLICAS, place
+from launchgen.shared.issues import Issue
 
 _doc("LG220", "error", "The server replicas do not cut into whole nodes or equal slices of a node's server GPUs "
      "(a replica's TP x DP GPUs neither a multiple nor a divisor of the server GPUs per node).",

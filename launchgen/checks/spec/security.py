@@ -13,8 +13,8 @@ from launchgen.checks.constants import (
 )
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.reserved import is_reserved
+from launchgen.planning.reserved import is_reserved
+from launchgen.shared.issues import Issue
 
 # === LG8xx security and SLURM misc ========================================================================
 

@@ -2,7 +2,7 @@
 
 The trainer generates the next batches while it trains only against a `vllm serve` of its own (server mode), and
 only where its loss corrects for samples drawn from older weights (GRPO's importance sampling, left enabled). The
-rules have one owner, `launchgen.trainers.config.staleness_refusals` (the trainer config refuses the same specs at
+rules have one owner, `launchgen.trainers.declarations.config.staleness_refusals` (the trainer config refuses the same specs at
 start-up); here each becomes its own code, pointing at the spec field to change. Registered into
 `launchgen.checks` with the same `check` decorator (imported with the other modules of `launchgen.checks.spec`).
 """
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.modes import _expected_backend
-from launchgen.issues import Issue
-from launchgen.trainers.config import staleness_refusals
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.config import staleness_refusals
 
 _doc("LG350", "error", "generation.max_staleness without a vLLM server to generate ahead on (colocate, or no vllm "
      "section): generation would share the trainer's weights or GPUs.",

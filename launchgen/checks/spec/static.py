@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from launchgen import directives
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.estimate import ModelShape
-from launchgen.hfcache import ModelConfig
-from launchgen.issues import Issue, SpecError
+from launchgen.input import directives
+from launchgen.planning.hfcache import ModelConfig
+from launchgen.shared.estimate import ModelShape
+from launchgen.shared.issues import Issue, SpecError
 
 #: GPU type names (as sites spell them in GRES) of NVIDIA generations before Ampere, with compute capability.
 PRE_AMPERE = {
@@ -66,7 +66,7 @@ def bf16_on_pre_ampere(ctx: Ctx) -> Iterator[Issue]:
     gpu_type = ctx.spec.slurm.gpu_type
     if gpu_type is None or ctx.cpu:
         return
-    from launchgen.plan import resolve_precision
+    from launchgen.planning.plan import resolve_precision
 
     try:
         precision = resolve_precision(ctx.spec)
@@ -81,7 +81,7 @@ def bf16_on_pre_ampere(ctx: Ctx) -> Iterator[Issue]:
 
 def parameter_count(cfg: ModelConfig) -> int | None:
     """A decoder's parameters from config.json (dense or mixture-of-experts), or None if the keys are missing;
-    the count is the memory estimate's (`launchgen.estimate.ModelShape`)."""
+    the count is the memory estimate's (`launchgen.shared.estimate.ModelShape`)."""
     shape = ModelShape.from_config(cfg.data, cfg.source)
     return None if shape is None else shape.parameter_count()
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 # === LG2xx tensor/data parallelism and the model =========================================================
 

@@ -1,6 +1,6 @@
 """LG901: `train.args` (with what the spec fills in) does not validate as the trainer's own `TrainerConfig`.
 
-The config is resolved once per check run (`Ctx.trainer_cfg`, `launchgen.trainer_config`); this check reports
+The config is resolved once per check run (`Ctx.trainer_cfg`, `launchgen.kinds.trainer_config`); this check reports
 its validation errors, each naming the `train.args` field and its YAML line. Arguments the spec owns are left
 out of that config (LG902 reports them); a vllm section for a trainer that does not generate is LG503's.
 """
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 _doc("LG901", "error", "train.args does not validate as the trainer's config (unknown key, wrong type, missing "
-     "`data`).", "Fix the trainer argument (fields of launchgen.trainers.config.TrainerConfig; `launchgen schema "
+     "`data`).", "Fix the trainer argument (fields of launchgen.trainers.declarations.config.TrainerConfig; `launchgen schema "
      "--format json` has their schema).")
 
 
@@ -35,7 +35,7 @@ _doc("LG921", "error", "A TRL field in train.args contradicts what the topology 
 
 @check("LG920", "LG921")
 def trl_args_match_topology(ctx: Ctx) -> Iterator[Issue]:
-    """A TRL trainer's run config (launchgen.trl_config): what TRL's fields say against the topology."""
+    """A TRL trainer's run config (launchgen.kinds.trl_config): what TRL's fields say against the topology."""
     yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921"))
 
 

@@ -1,4 +1,4 @@
-"""TRL's own trainers: LG741-LG742, the TRL release and its vLLM window (`launchgen.compat.TRL_VLLM_WINDOWS`);
+"""TRL's own trainers: LG741-LG742, the TRL release and its vLLM window (`launchgen.shared.compat.TRL_VLLM_WINDOWS`);
 LG922-LG923, `train.script`, the user's own TRL script (run by `launchgen.trainers.trl.script`; the file is read
 by `launchgen.checks.files.trl_script`).
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launchgen import compat
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue
-from launchgen.trainers.trl.entries import PREFIX, TRL_ENTRIES, TRL_VERSION
+from launchgen.shared import compat
+from launchgen.shared.issues import Issue
+from launchgen.trainers.declarations.trl.entries import PREFIX, TRL_ENTRIES, TRL_VERSION
 
 _doc("LG922", "error", "train.script cannot run: the file does not exist, or train.trainer is not a trl.* trainer "
      "(which names the TRL config the script parses).",

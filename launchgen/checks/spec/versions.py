@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from launchgen import compat
 from launchgen.checks.constants import (
     vllm_flag,
 )
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
-from launchgen.issues import Issue, Severity
+from launchgen.shared import compat
+from launchgen.shared.issues import Issue, Severity
 
 # === LG7xx versions (the spec's declared vLLM version; --live adds the installed ones) =====================
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.tp import _tp
-from launchgen.issues import Issue
+from launchgen.shared.issues import Issue
 
 # === LG3xx trainer world, backend, batch ==================================================================
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,11 +16,12 @@ from .adapters import adapted_linears
 from .attention import _ATTN_NAME, _register_attention
 from .fused import _fused_final, _fused_layer_deferred, _fused_spec, _FusedSpec, _LayerWeights
 from .recompile import _RECOMPILE_LIMIT, _no_recompile
+from .sampling import sample, sampler_key
 from .state import _Arena, _SamplerKey, _State, _StaticKV
 from .weight_copies import DecodeWeights
 
 if TYPE_CHECKING:
-    from ...config import TrainerConfig
+    from launchgen.trainers.declarations.config import TrainerConfig
 
 #: The package's name, so logging is configured for the engine as a whole.
 log = logging.getLogger("launchgen.trainers.generation.fast_generate")
@@ -237,7 +237,7 @@ class FastGenerateBackend:
             raise ValueError("FastGenerateBackend.generate: every prompt needs at least one token")
         if params.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")
-        key = self._sampler_key(params)
+        key = sampler_key(params)
         stop = set(self.eos_ids)
         extra_stop = params.extra.get("stop_token_ids")
         if extra_stop:
@@ -288,18 +288,6 @@ class FastGenerateBackend:
         )
 
     # ------------------------------------------------------------------------------------------ internals
-
-    @staticmethod
-    def _sampler_key(p: SamplingParams) -> _SamplerKey:
-        greedy = p.temperature <= 0.0 or p.top_k == 1 or bool(p.extra.get("greedy", False))
-        return _SamplerKey(
-            greedy=greedy,
-            temperature=1.0 if p.temperature <= 0.0 else float(p.temperature),
-            top_k=int(p.top_k),
-            top_p=float(p.top_p),
-            min_p=float(p.min_p),
-            repetition_penalty=float(p.repetition_penalty),
-        )
 
     @contextlib.contextmanager
     def _maskable_attention(self) -> Iterator[None]:
@@ -427,51 +415,13 @@ class FastGenerateBackend:
                                                 residual, delta, dec.norm.weight, head.weight, head.bias, spec.eps)
         return logits
 
-    def _sample(self, logits: torch.Tensor, key: _SamplerKey, st: _State) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pick one token per row and its log-prob under log_softmax(logits * (1/T)); all on the device."""
-        # Multiply by 1/T (not divide by T): the trainer's recomputation does this, so the values match bitwise.
-        scaled = logits * (1.0 / key.temperature)
-        logp = torch.log_softmax(scaled, dim=-1)
-        work = scaled
-        filtered = False
-        if key.repetition_penalty != 1.0 and st.seen is not None:
-            # HF's penalty acts on raw logits (every token id seen so far, prompt padding included); scaling both
-            # branches by 1/T commutes with it.
-            pen = torch.where(work < 0, work * key.repetition_penalty, work / key.repetition_penalty)
-            work = torch.where(st.seen, pen, work)
-            filtered = True
-        if key.greedy:
-            tok = torch.argmax(work, dim=-1)
-            return tok, logp.gather(1, tok[:, None]).squeeze(1)
-        if 0 < key.top_k < self.vocab:
-            kth = torch.topk(work, key.top_k, dim=-1).values[:, -1:]
-            work = work.masked_fill(work < kth, -math.inf)
-            filtered = True
-        if key.top_p < 1.0:
-            srt, idx = torch.sort(work, dim=-1, descending=True)
-            cum = torch.softmax(srt, dim=-1).cumsum(-1)
-            drop_sorted = (cum - torch.softmax(srt, dim=-1)) > key.top_p  # keeps the token that crosses p
-            drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
-            work = work.masked_fill(drop, -math.inf)
-            filtered = True
-        if key.min_p > 0.0:
-            probs = torch.softmax(work, dim=-1)
-            thresh = probs.amax(dim=-1, keepdim=True) * key.min_p
-            work = work.masked_fill(probs < thresh, -math.inf)
-            filtered = True
-        probs = torch.softmax(work, dim=-1) if filtered else logp.exp()
-        # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) is an exact draw from p (no host sync, graphable).
-        race = torch.empty_like(probs).exponential_().clamp_min_(1e-20)
-        tok = torch.argmax(probs / race, dim=-1)
-        return tok, logp.gather(1, tok[:, None]).squeeze(1)
-
     def _decode_step(self, key: _SamplerKey, st: _State) -> None:
         """Feed `st.cur` at column `st.col`, sample the next token, record it, advance. Graph-capturable."""
         st.mask.index_fill_(3, st.col, 0.0)
         self.cache.write_cols = st.col
         forward = self._fused_logits if self._spec is not None else self._logits
         logits = forward(st.cur[:, None], st.mask[:, :, :, : self.cache.view_len], st.pos[:, None])
-        tok, lp = self._sample(logits, key, st)
+        tok, lp = sample(logits, key, st.seen, self.vocab)
         self._record(tok, lp, st.col - st.prompt_len + 1, st)
         st.col.add_(1)
         st.pos.add_(1)
@@ -538,7 +488,7 @@ class FastGenerateBackend:
         self.cache.write_cols = torch.arange(plen, device=dev)
         self.cache.view_len = plen
         logits = self._logits(ids, pmask, positions)
-        tok, lp = self._sample(logits, key, st)
+        tok, lp = sample(logits, key, st.seen, self.vocab)
         st.prompt_len.fill_(plen)
         self._record(tok, lp, torch.zeros(1, dtype=torch.long, device=dev), st)
         st.col.fill_(plen)

@@ -1,0 +1,1 @@
+"""Reading what the user wrote: the spec's YAML, its models, the files it names, hints."""

@@ -1,0 +1,1 @@
+"""Programs the rendered job runs on its nodes (standard library and the shared layer only)."""

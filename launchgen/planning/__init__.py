@@ -1,0 +1,1 @@
+"""Spec -> Plan: every node, GPU, port, host, env var and command, decided once."""

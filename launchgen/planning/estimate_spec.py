@@ -1,0 +1,233 @@
+"""The estimate of one spec: `launchgen.shared.estimate`'s formulas fed from the spec, the model's config.json and the
+trainer's resolved config (what `plan` shows and checks LG240-LG242 judge). Standard library + the spec models.
+
+Where each input comes from is said in the result (`Estimate.sources`), so `plan` can show what was assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from launchgen.shared.estimate import (
+    DEFAULT_PROMPT_TOKENS,
+    DTYPE_BYTES,
+    LINK_GB_PER_S,
+    ModelShape,
+    RoleEstimate,
+    SyncEstimate,
+    TrainerSetup,
+    gpu_hours,
+    gpu_memory_gib,
+    server_estimate,
+    smallest_tp,
+    sync_bytes,
+    trainer_estimate,
+)
+from launchgen.shared.precision import resolve_precision, server_dtype, trainable_weight_dtype
+from launchgen.trainers.declarations.peft_config import ALL_LINEAR, FUSED_GROUPS
+
+if TYPE_CHECKING:
+    from launchgen.input.spec import Spec
+    from launchgen.planning.hfcache import ModelConfig
+    from launchgen.shared.layout import Layout
+    from launchgen.trainers.declarations.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A previous run's step time (`plan --from-run`)."""
+
+    step_seconds: float
+    steps: int  # steps it was measured over
+    source: str
+
+
+@dataclass
+class Estimate:
+    shape: ModelShape | None
+    gpu_gib: float | None
+    server: RoleEstimate | None = None
+    trainer: RoleEstimate | None = None
+    trainer_setup: TrainerSetup | None = None
+    sync: SyncEstimate | None = None
+    step_seconds: float | None = None
+    steps: int | None = None
+    gpus: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float | None:
+        if self.step_seconds is None or self.steps is None or self.gpus is None:
+            return None
+        return gpu_hours(self.step_seconds, self.steps, self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": None if self.shape is None else {"parameters": self.shape.parameter_count(),
+                                                      **self.shape.to_json()},
+            "gpu_memory_gib": self.gpu_gib,
+            "server": None if self.server is None else self.server.to_json(),
+            "trainer": None if self.trainer is None else self.trainer.to_json(),
+            "weight_sync": None if self.sync is None else self.sync.to_json(),
+            "cost": {"step_seconds": self.step_seconds, "max_steps": self.steps, "gpus": self.gpus,
+                     "gpu_hours": None if self.gpu_hours is None else round(self.gpu_hours, 2)},
+            "sources": self.sources,
+            "missing": self.missing,
+        }
+
+
+def model_shape(spec: Spec, cfg: ModelConfig | None) -> tuple[ModelShape | None, str]:
+    """The model's numbers: a local config.json, else `estimate.model`; and where they came from."""
+    if cfg is not None:
+        shape = ModelShape.from_config(cfg.data, cfg.source)
+        if shape is not None:
+            return shape, f"config.json ({cfg.source})"
+    m = spec.estimate.model
+    if m is None:
+        return None, ""
+    shape = ModelShape(
+        hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
+        num_key_value_heads=m.num_key_value_heads or m.num_attention_heads, intermediate_size=m.intermediate_size,
+        vocab_size=m.vocab_size, head_dim=m.head_dim, tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.attention_bias, max_position_embeddings=m.max_position_embeddings, source="estimate.model",
+    )
+    return shape, "estimate.model"
+
+
+def gpu_memory(spec: Spec, live_gib: float | None = None) -> tuple[float | None, str]:
+    """One GPU's memory (GiB): nvidia-smi (`check --live`), estimate.gpu_memory_gib, or slurm.gpu_type's row."""
+    if live_gib is not None:
+        return live_gib, "nvidia-smi"
+    if spec.estimate.gpu_memory_gib is not None:
+        return spec.estimate.gpu_memory_gib, "estimate.gpu_memory_gib"
+    if spec.slurm.gpu_type is not None:
+        gib = gpu_memory_gib(spec.slurm.gpu_type)
+        if gib is not None:
+            return gib, f"slurm.gpu_type {spec.slurm.gpu_type}"
+    return None, ""
+
+
+def lora_targets(shape: ModelShape, targets: list[str] | str) -> tuple[str, ...]:
+    """The layer linears PEFT's suffix match adapts (`all-linear`: every one)."""
+    names = tuple(shape.layer_linears())
+    if targets == ALL_LINEAR:
+        return names
+    return tuple(n for n in names if any(n == t or n.endswith("." + t) for t in targets))
+
+
+def needs_reference_copy(cfg: TrainerConfig) -> bool:
+    """A second, frozen copy of the weights: the objectives' `needs_reference` (KL with beta != 0, DPO) without
+    LoRA, whose reference is the policy with its adapters off."""
+    if cfg.peft is not None:
+        return False
+    ref = cfg.facts.reference
+    return ref == "always" or (ref == "with_beta" and bool(cfg.beta))
+
+
+def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Layout,
+                  colocated_gib: float) -> tuple[TrainerSetup, str]:
+    """What decides a trainer process's memory, from the spec and the trainer's resolved config; and where the
+    prompt length came from."""
+    precision = resolve_precision(spec)
+    peft = cfg.peft
+    dist = spec.train.distributed
+    if cfg.facts.data == "examples":
+        prompt, completion, how = 0, cfg.max_length or 1024, f"{cfg.trainer}: max_length"
+    else:
+        completion = cfg.generation.max_completion_length
+        if spec.estimate.prompt_tokens is not None:
+            prompt, how = spec.estimate.prompt_tokens, "estimate.prompt_tokens"
+        elif cfg.data.max_prompt_length is not None:
+            prompt, how = cfg.data.max_prompt_length, "data.max_prompt_length"
+        else:
+            prompt, how = DEFAULT_PROMPT_TOKENS, f"assumed {DEFAULT_PROMPT_TOKENS} (set data.max_prompt_length)"
+    # Only `keep_kv_cache: true` holds the cache through training; the default `lend` hands it back first.
+    kept_kv = (cfg.facts.online and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache is True
+               and cfg.generation.hf_engine != "generate")
+    setup = TrainerSetup(
+        backend=spec.train.backend, processes=layout.world_size, precision=precision,
+        weight_dtype=trainable_weight_dtype(cfg.model.dtype, precision, lora=peft is not None,
+                                            modules_to_save=bool(peft and peft.modules_to_save)),
+        offload_optimizer=dist.offload_optimizer, offload_params=dist.offload_params,
+        lora_r=None if peft is None else peft.r,
+        lora_targets=() if peft is None else lora_targets(shape, peft.target_modules),
+        modules_to_save=() if peft is None else tuple(peft.modules_to_save),
+        reference_copy=needs_reference_copy(cfg), gradient_checkpointing=cfg.model.gradient_checkpointing,
+        rows=cfg.per_device_train_batch_size, prompt_tokens=prompt, completion_tokens=completion,
+        max_tokens_per_forward=cfg.max_tokens_per_forward, logits_chunk_mib=cfg.model.logits_chunk_mib,
+        generation_kv_rows=cfg.per_device_train_batch_size * (cfg.steps_per_generation or 1) if kept_kv else 0,
+        colocated_gib=colocated_gib,
+    )
+    return setup, how
+
+
+def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | None, layout: Layout, *,
+             live_gpu_gib: float | None = None, measured: Measured | None = None) -> Estimate:
+    """The whole estimate; parts whose inputs are unknown are left out and named in `missing`."""
+    shape, shape_src = model_shape(spec, model_config)
+    gib, gpu_src = gpu_memory(spec, live_gpu_gib)
+    est = Estimate(shape, gib)
+    if shape_src:
+        est.sources["model"] = shape_src
+    if gpu_src:
+        est.sources["gpu memory"] = gpu_src
+    if layout.cpu:
+        est.missing.append("a CPU run: the GPU memory estimate does not apply")
+    if shape is None:
+        est.missing.append("the model's numbers: its config.json is not local; set estimate.model (config.json's "
+                           "hidden_size, num_hidden_layers, ...) or run where the model is cached")
+    if gib is None and not layout.cpu:
+        est.missing.append("the GPU's memory: set slurm.gpu_type to a known GPU or estimate.gpu_memory_gib")
+    v = spec.vllm
+    colocated = 0.0
+    if shape is not None and not layout.cpu:
+        if v is not None and v.device == "cuda":
+            est.server = server_estimate(
+                shape, tp=v.tensor_parallel_size, dtype=server_dtype(spec), gpu_gib=gib,
+                max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
+                kv_cache_memory_bytes=v.kv_cache_memory_bytes)
+            if gib is not None and layout.mode == "server" and v.tensor_parallel_size > 1:
+                best = smallest_tp(shape, dtype=server_dtype(spec), gpu_gib=gib, max_model_len=v.max_model_len,
+                                   gpu_memory_utilization=v.gpu_memory_utilization,
+                                   kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=v.tensor_parallel_size)
+                if best is not None and best < v.tensor_parallel_size:
+                    est.server.notes.append(f"the smallest TP that fits is {best} (more TP: more KV cache, faster "
+                                            "decoding)")
+            if layout.mode == "colocate":
+                est.server.role = "vLLM (colocated)"
+                if gib is not None and not v.enable_sleep_mode:
+                    colocated = v.gpu_memory_utilization * gib if v.kv_cache_memory_bytes is None else \
+                        est.server.total_gib
+        if cfg is not None:
+            est.trainer_setup, how = trainer_setup(spec, cfg, shape, layout, colocated)
+            est.trainer = trainer_estimate(shape, est.trainer_setup, gib)
+            if spec.train.distributed.deepspeed_config is not None:
+                est.trainer.notes.append("train.distributed.deepspeed_config is not read: estimated as "
+                                         f"{spec.train.backend} without offload")
+            est.sources["prompt tokens"] = how
+    if cfg is None and not layout.cpu:
+        est.missing.append(f"the trainer ({spec.train.trainer}): only the bundled trainers' resolved configs are "
+                           "estimated (TRL's own trainers, or train.args with errors, are not)")
+    if shape is not None and cfg is not None and layout.mode == "server":
+        link = spec.estimate.link or ("nvlink" if layout.shared else "infiniband")
+        gbps = spec.estimate.link_gb_per_s or LINK_GB_PER_S[link]
+        s = est.trainer_setup
+        w = DTYPE_BYTES[s.weight_dtype] if s is not None else DTYPE_BYTES[server_dtype(spec)]
+        targets = None if s is None or s.lora_r is None else s.lora_targets
+        nbytes, what = sync_bytes(shape, w, targets, s.modules_to_save if s else (), FUSED_GROUPS)
+        if spec.vllm is not None and spec.vllm.replicas > 1:
+            what += f", to each of {spec.vllm.replicas} replicas at once"
+        est.sync = SyncEstimate(nbytes, what, link if spec.estimate.link_gb_per_s is None else
+                                f"{link} ({gbps:g} GB/s from estimate.link_gb_per_s)", gbps)
+    if cfg is not None:
+        est.steps = cfg.max_steps
+        est.gpus = layout.num_nodes * spec.slurm.gpus_per_node if not layout.cpu else None
+        if measured is not None:
+            est.step_seconds = measured.step_seconds
+            est.sources["step time"] = measured.source
+        elif spec.estimate.step_time_s is not None:
+            est.step_seconds = spec.estimate.step_time_s
+            est.sources["step time"] = "estimate.step_time_s"
+    return est

@@ -1,0 +1,1 @@
+"""Plan -> script text: the Jinja render context, the script's variables, schedulers."""

@@ -1,0 +1,191 @@
+"""Plan -> script text. Rendering is a pure function of the plan and the scheduler's profile: every decision is in
+`plan.py` or a field of `launchgen.script.schedulers.SchedulerProfile` (the templates never test the scheduler's name).
+
+Spec text reaches shell only through the `q` filter (shlex.quote) or inside quoted heredocs (files written
+verbatim), except `slurm.setup` lines, which are shell code by design. Run-time values are `Ref`s, rendered as
+double-quoted variable expansions of variables the templates set (see `plan.RUNTIME_VARS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.bccache
+
+from launchgen.jobside import allocprobe
+from launchgen.planning.plan import Plan, Ref, Word, bash_issues
+from launchgen.script import preflightfacts, scriptvars
+from launchgen.script.schedulers import SchedulerName, SchedulerProfile, profile
+from launchgen.shared import jobdir, ports
+from launchgen.shared.issues import SpecError
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
+
+
+def _template_dir() -> Path:
+    # installed: launchgen.templates is a package next to launchgen; editable: the repo's templates/
+    try:
+        import launchgen.templates as pkg
+
+        return Path(pkg.__file__).resolve().parent
+    except ImportError:  # pragma: no cover - the package is always installed with launchgen
+        return TEMPLATE_DIR
+
+
+def q(value: object) -> str:
+    """Shell-quote one word (the only way spec text becomes shell syntax)."""
+    return shlex.quote(str(value))
+
+
+def word(w: Word) -> str:
+    if isinstance(w, Ref):
+        return (q(w.prefix) if w.prefix else "") + f'"${{{w.var}}}"'
+    return q(w)
+
+
+def words(argv: tuple[Word, ...] | list[Word]) -> str:
+    return " ".join(word(w) for w in argv)
+
+
+def comment(value: object) -> str:
+    """Text safe inside a `#` comment line: no line breaks or control characters."""
+    text = str(value)
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def heredoc_delimiter(content: str) -> str:
+    # derived from the content, so the content cannot contain its own terminator line
+    return scriptvars.EOF_PREFIX + hashlib.sha256(content.encode()).hexdigest()[:16].upper()
+
+
+def heredoc(path_expr: str, content: str) -> str:
+    """`cat >PATH <<'DELIM'` ... `DELIM`: writes `content` byte for byte, nothing expanded."""
+    delim = heredoc_delimiter(content)
+    body = content if content.endswith("\n") else content + "\n"
+    return f"cat >{path_expr} <<'{delim}'\n{body}{delim}\n"
+
+
+def nodes_expr(positions: tuple[int, ...], sep: str) -> str:
+    """`${LG_NODES[i]}<sep>...`: a node list picked from the allocation by position (inside double quotes)."""
+    return sep.join(f"${{LG_NODES[{p}]}}" for p in positions)
+
+
+def gpu_ranges(gpus: tuple[int, ...]) -> str:
+    if not gpus:
+        return "-"
+    out, start, prev = [], gpus[0], gpus[0]
+    for g in [*gpus[1:], None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if g is not None:
+            start = prev = g
+    return ",".join(out)
+
+
+class _QuietCache(jinja2.FileSystemBytecodeCache):
+    """A cache that cannot be written (read-only home, full disk) only costs the compile, never the render."""
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        with contextlib.suppress(OSError):
+            super().dump_bytecode(bucket)
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates kept between runs: compiling them is ~80 ms of every `render` on a login node, more
+    than the rest of rendering. Entries are keyed by template path and checked against the source's checksum, so
+    an edited template is recompiled. `LAUNCHGEN_CACHE_DIR` (empty: no cache), else `$XDG_CACHE_HOME/launchgen`,
+    else `~/.cache/launchgen`."""
+    configured = os.environ.get("LAUNCHGEN_CACHE_DIR")
+    if configured == "":
+        return None
+    base = Path(configured) if configured else \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "launchgen"
+    folder = base / f"jinja-{jinja2.__version__}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return _QuietCache(str(folder))
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_template_dir())),
+        bytecode_cache=_bytecode_cache(),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        # shell has `${#array[@]}`: Jinja's default `{#` comment marker would swallow it
+        comment_start_string="{##",
+        comment_end_string="##}",
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = q
+    env.filters["word"] = word
+    env.filters["words"] = words
+    env.filters["comment"] = comment
+    env.filters["gpu_ranges"] = gpu_ranges
+    env.filters["has_quotes"] = lambda v: any(c in str(v) for c in "'\"\\")
+    env.globals["nodes_expr"] = nodes_expr
+    env.globals["port_expr"] = ports.shell_expr
+    env.globals["heredoc"] = heredoc
+    return env
+
+
+def _context(plan: Plan, sched: SchedulerProfile) -> dict[str, Any]:
+    # the job-directory contract's names (events, time format, run-record writer) come from launchgen.shared.jobdir
+    return {"plan": plan, "sched": sched, "Ref": Ref, "preflight_timeout": allocprobe.STEP_TIMEOUT_S,
+            **jobdir.template_context()}
+
+
+def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
+    """The step scripts the job writes into $LG_JOB_DIR/steps/ (relative path -> text)."""
+    env = environment()
+    ctx = _context(plan, profile(scheduler))
+    steps = {"steps/trainer.sh": env.get_template("steps/trainer.sh.j2").render(ctx),
+             "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
+    if plan.preflight:
+        steps["steps/preflight.sh"] = env.get_template("steps/preflight.sh.j2").render(ctx)
+    if plan.server is not None:
+        for r in plan.server.replicas:  # one step script per replica (steps/server.sh, steps/server-r1.sh, ...)
+            steps[r.step] = env.get_template("steps/server.sh.j2").render({**ctx, "replica": r})
+    return steps
+
+
+def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
+    """Every file the script embeds and writes into the job directory at start (relative path -> text)."""
+    files = {
+        plan.layout.spec: plan.spec_yaml,
+        plan.layout.trainer_config: plan.trainer.config_yaml,
+        plan.layout.accelerate_config: plan.trainer.accelerate_config_yaml,
+        plan.layout.plan_static_json: json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n",
+    }
+    files.update(render_steps(plan, scheduler))
+    if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3
+        files["steps/preflight.py"] = allocprobe.source()
+        files["steps/preflight.json"] = preflightfacts.facts_json(plan)
+    return files
+
+
+def render_script(plan: Plan, scheduler: SchedulerName) -> str:
+    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler."""
+    sched = profile(scheduler)
+    if sched.loopback:
+        problems = bash_issues(plan)
+        if problems:
+            raise SpecError(problems)
+    ctx = _context(plan, sched)
+    ctx["files"] = render_files(plan, scheduler)
+    return environment().get_template(sched.template).render(ctx)

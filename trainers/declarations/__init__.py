@@ -1,0 +1,1 @@
+"""The trainers' declarations: torch-free, safe to import on a login node (check, plan)."""
