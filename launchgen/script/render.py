@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -179,13 +180,14 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     return files
 
 
-def render_script(plan: Plan, scheduler: SchedulerName) -> str:
-    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler."""
+def render_script(plan: Plan, scheduler: SchedulerName, extra_files: Mapping[str, str] | None = None) -> str:
+    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler.
+    `extra_files` (relative path -> text) are written into the job directory beside the plan's (a sweep's record)."""
     sched = profile(scheduler)
     if sched.loopback:
         problems = bash_issues(plan)
         if problems:
             raise SpecError(problems)
     ctx = _context(plan, sched)
-    ctx["files"] = render_files(plan, scheduler)
+    ctx["files"] = {**render_files(plan, scheduler), **(extra_files or {})}
     return environment().get_template(sched.template).render(ctx)

@@ -133,6 +133,14 @@ PID_DIR = _var(J.ENV_PID_DIR, "the attempt's pid directory: launchgen.jobside.ra
 NODE_NAME = _var(J.ENV_NODE_NAME, "the node a trainer rank runs on (its pid directory's name)")
 COLOCATE_MASTER_PORT = _var(J.ENV_COLOCATE_MASTER_PORT, "vLLM colocate's process-group port, for the trainer")
 
+# --- a sweep's --bash driver (templates/sweep_bash.j2) ----------------------------------------------------------
+LG_SWEEP_STOP = _var("LG_SWEEP_STOP", "1 once Ctrl-C or TERM arrived: no further point starts")
+LG_SWEEP_PID = _var("LG_SWEEP_PID", "the running point's script: TERM goes to it on Ctrl-C (it runs in the background, "
+                    "where bash ignores SIGINT)")
+LG_SWEEP_RC = _var("LG_SWEEP_RC", "the running point's exit status")
+LG_SWEEP_FAILED = _var("LG_SWEEP_FAILED", "1 once a point ended non-zero: the driver's exit status")
+LG_SWEEP_RESULTS = _var("LG_SWEEP_RESULTS", "`<point>: exit <status>` of each point run, for the last line")
+
 #: Heredoc delimiters, not variables: a Python program the script runs (`python3 - <<'LAUNCHGEN_PY'`), and the
 #: files the script embeds (`render.heredoc`: the prefix + a hash of the content, so no content line can end it).
 PY_HEREDOC = "LAUNCHGEN_PY"
