@@ -359,3 +359,24 @@ def test_yaml_of_the_example_is_a_sweep() -> None:
     assert "sweep" in data and isinstance(sweep.load(read_spec_data(EXAMPLE.read_text(), str(EXAMPLE))), sweep.Sweep)
     assert not isinstance(sweep.load(read_spec_data(BASE, "b.yaml")), sweep.Sweep)
     assert isinstance(sweep.load(read_spec_data(BASE, "b.yaml")), LoadedSpec)
+
+
+def test_check_json_lists_every_point_and_live_probes_run_per_point(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(BASE + "sweep: {grid: {train.args.seed: [1, 2]}}\n")
+    res = CliRunner().invoke(main, ["check", "--no-files", "--format", "json", str(spec), "--sweep",
+                                    "train.args.learning_rate=1e-5"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert got["ok"] and [p["name"] for p in got["points"]] == ["seed1", "seed2"]
+    assert all(p["ok"] and p["values"]["train.args.learning_rate"] == 1e-5 for p in got["points"])
+    assert [i["code"] for i in got["issues"]].count("LG023") == 1
+
+
+def test_array_task_ids_as_scontrol_prints_them() -> None:
+    from launchgen.readback.sweep import task_ids
+
+    assert task_ids("3") == [3]
+    assert task_ids("3-5") == [3, 4, 5]
+    assert task_ids("[3-5]%2") == [3, 4, 5]
+    assert task_ids("1,4,6-7") == [1, 4, 6, 7]

@@ -74,7 +74,7 @@ def _check_one(spec: str, *, live: bool, files: bool, strict: bool, explain: boo
     if isinstance(loaded, Sweep):
         from launchgen.cli import sweeps as sweep_verbs
 
-        return sweep_verbs.check(loaded, strict=strict, files=files, fmt=fmt, explain=explain)
+        return sweep_verbs.check(loaded, strict=strict, files=files, fmt=fmt, explain=explain, live=live)
     _loaded, plan, issues = collect(spec, strict=strict, live=live, files=files, loaded=loaded)
     failed = has_errors(issues) or plan is None
     if fmt == "text":

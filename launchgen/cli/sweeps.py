@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from launchgen.checks import has_errors, run_checks, sort_issues
-from launchgen.cli.common import EXIT_SPEC_ERROR, emit_json, issue_dict, print_issues, spec_estimate, summary
+from launchgen.checks import has_errors, sort_issues
+from launchgen.cli.common import (
+    EXIT_SPEC_ERROR,
+    collect,
+    emit_json,
+    issue_dict,
+    print_issues,
+    spec_estimate,
+    summary,
+)
 from launchgen.cli.errors import fail
 from launchgen.input.loader import LoadedSpec
 from launchgen.input.sweep import Point, Sweep, merge_issues
@@ -30,13 +38,15 @@ class CheckedPoint:
     issues: list[Issue]
 
 
-def check_points(sw: Sweep, *, strict: bool = False, files: bool = False) -> list[CheckedPoint]:
+def check_points(sw: Sweep, *, strict: bool = False, files: bool = False, live: bool = False
+                 ) -> list[CheckedPoint]:
+    """Every point through the checks one spec gets (`check`'s `collect`, --live included)."""
     out = []
     for ps in sw.points:
         if ps.loaded is None:
             out.append(CheckedPoint(ps.point, None, None, ps.issues))
             continue
-        plan, issues = run_checks(ps.loaded, strict=strict, files=files)
+        _loaded, plan, issues = collect(sw.file, strict=strict, live=live, files=files, loaded=ps.loaded)
         out.append(CheckedPoint(ps.point, ps.loaded, plan, issues))
     return out
 
@@ -64,9 +74,9 @@ def merged(sw: Sweep, checked: list[CheckedPoint]) -> list[Issue]:
     return sort_issues([*issues, shapes_issue(sw, checked)])
 
 
-def check(sw: Sweep, *, strict: bool, files: bool, fmt: str, explain: bool) -> dict[str, Any]:
+def check(sw: Sweep, *, strict: bool, files: bool, fmt: str, explain: bool, live: bool = False) -> dict[str, Any]:
     """`check` of a sweep: the result object of one spec, with `points`."""
-    checked = check_points(sw, strict=strict, files=files)
+    checked = check_points(sw, strict=strict, files=files, live=live)
     issues = merged(sw, checked)
     failed = has_errors(issues) or any(c.plan is None for c in checked)
     if fmt == "text":

@@ -18,9 +18,9 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from launchgen.input import hints
 from launchgen.input.loader import (
@@ -47,6 +47,8 @@ LABELS = {
     "loss_type": "loss", "tensor_parallel_size": "tp", "max_steps": "steps", "name_or_path": "model",
 }
 _PATH_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+")
+#: `1e-6`: a number in YAML 1.2 and to anyone typing a learning rate, text to PyYAML's YAML 1.1 (no dot)
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 _NOT_SWEPT = ("version", KEY)
 
 
@@ -55,12 +57,12 @@ class SweepSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+    grid: dict[str, list[Any]] = Field(
         default_factory=dict,
         description="Dotted spec path -> the values it takes; every combination is a point (the first path "
         "varies slowest). `--sweep PATH=V1,V2` adds or replaces one.",
     )
-    points: list[Annotated[dict[str, Any], Field(min_length=1)]] = Field(
+    points: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Settings (dotted path -> value), each combined with every grid combination (without a "
         "grid: the points themselves).",
@@ -68,6 +70,21 @@ class SweepSection(BaseModel):
     max_parallel: int | None = Field(
         default=None, ge=1, description="At most this many points run at once (sbatch `--array=...%K`).",
     )
+
+    @field_validator("grid")
+    @classmethod
+    def _values(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        empty = [p for p, vs in v.items() if not vs]
+        if empty:
+            raise ValueError(f"`{empty[0]}` has no values: give at least one")
+        return v
+
+    @field_validator("points")
+    @classmethod
+    def _settings(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if any(not pt for pt in v):
+            raise ValueError("a point sets nothing: give each at least one `path: value`")
+        return v
 
 
 @dataclass(frozen=True)
@@ -107,14 +124,9 @@ def _error(code: str, path: str, message: str, fix: str, line: int | None, file:
 # ------------------------------------------------------------------------------------------- the paths ---
 
 
-def _alternatives(tp: Any) -> tuple[Any, ...]:
-    import types
-
-    return get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
-
-
 def path_problem(path: str) -> tuple[str, str] | None:
-    """(what is wrong, fix) for a sweep path no spec field has; None for one a point can set."""
+    """(what is wrong, fix) for a sweep path no spec field has; None for one a point can set. Below a free-form
+    mapping (`train.args`) any key goes: the point's own checks judge it, with their "did you mean"."""
     parts = path.split(".")
     if not all(_PATH_PART.fullmatch(p) for p in parts):
         return (f"`{path}` is not a dotted path of field names (e.g. train.args.learning_rate)",
@@ -123,26 +135,19 @@ def path_problem(path: str) -> tuple[str, str] | None:
         return f"`{parts[0]}` cannot be swept", "Sweep a field of job, slurm, model, vllm, train or estimate."
     current: Any = Spec
     for i, part in enumerate(parts):
-        alts = _alternatives(current)
-        model = next((a for a in alts if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        if any(a is Any or get_origin(a) is dict for a in alts) and model is None:
-            if any(a is Any for a in alts):
-                return None  # below a free-form mapping (train.args): the point's own checks judge it
-            current = get_args(next(a for a in alts if get_origin(a) is dict))[1]
-            continue
-        if any(get_origin(a) is list for a in alts) and part.isdigit():
-            current = get_args(next(a for a in alts if get_origin(a) is list))[0]
-            continue
-        if model is None:
+        if current is Any:
+            return None
+        found = hints.child(current, int(part) if part.isdigit() else part)
+        if found is None:
             where = ".".join(parts[:i])
-            return f"`{where}` is a value, not a section: `{path}` names nothing", f"Sweep `{where}` itself."
-        if part not in model.model_fields or (i == 0 and part in _NOT_SWEPT):
+            model = hints.model_at(Spec, tuple(int(p) if p.isdigit() else p for p in parts[:i]))
+            if model is None:
+                return f"`{where}` is a value, not a section: `{path}` names nothing", f"Sweep `{where}` itself."
             guess = hints.closest(part, [f for f in model.model_fields if not (i == 0 and f in _NOT_SWEPT)])
-            where = ".".join(parts[:i]) or "the spec"
-            return (f"`{path}`: {where} has no field `{part}`",
-                    f"Did you mean `{'.'.join([*parts[:i], guess])}`?" if guess else "`launchgen schema` lists "
-                    "every field.")
-        current = model.model_fields[part].annotation
+            return (f"`{path}`: {where or 'the spec'} has no field `{part}`",
+                    f"Did you mean `{'.'.join([*parts[:i], guess])}`?" if guess else
+                    "`launchgen schema` lists every field.")
+        current = found
     return None
 
 
@@ -236,7 +241,13 @@ def parse_cli(item: str) -> tuple[str, list[Any]]:
                          for i in exc.issues]) from None
     if not isinstance(data, list) or not data:
         raise SpecError([_error("LG020", "--sweep", f"`{item}`: no values", fix, None, None)])
-    return path, data
+    return path, [_number(v) for v in data]
+
+
+def _number(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_number(x) for x in v]
+    return float(v) if isinstance(v, str) and _EXPONENT_FLOAT.fullmatch(v) else v
 
 
 def _combinations(section: SweepSection) -> list[tuple[tuple[str, Any], ...]]:
