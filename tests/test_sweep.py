@@ -380,3 +380,22 @@ def test_array_task_ids_as_scontrol_prints_them() -> None:
     assert task_ids("3-5") == [3, 4, 5]
     assert task_ids("[3-5]%2") == [3, 4, 5]
     assert task_ids("1,4,6-7") == [1, 4, 6, 7]
+
+
+def test_status_reads_a_sweep_directory_the_scheduler_forgot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status <array id>` once scontrol no longer knows the array: launchgen-runs/<id> below the current directory;
+    a point that never started is still a row (its name from another point's record)."""
+    table = ((0, "lr1e-5", {"train.args.learning_rate": 1e-5}), (1, "lr3e-5", {"train.args.learning_rate": 3e-5}))
+    done = tmp_path / "launchgen-runs" / "98765" / "lr1e-5"
+    (done / "trainer").mkdir(parents=True)
+    (done / jobdir.SWEEP_FILE).write_text(jobdir.SweepRecord(0, table).to_text())
+    (done / "trainer" / jobdir.METRICS_FILE).write_text('{"step": 1, "reward": 0.5, "loss": 0.25}\n'
+                                                        '{"step": 2, "reward": 0.75, "loss": 0.125}\n')
+    (done / "trainer" / jobdir.COMPLETE_MARKER).write_text("{}")
+    (done / "logs" / "attempt-0").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["status", "98765", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["points"]
+    assert [(r["name"], r["state"], r["steps"], r["reward"], r["loss"], r["attempts"]) for r in rows] == [
+        ("lr1e-5", "COMPLETED", 2, 0.75, 0.125, 1), ("lr3e-5", "NOT STARTED", None, None, None, 0)]

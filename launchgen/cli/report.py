@@ -59,12 +59,8 @@ def _sweep_runs(job: str, job_dir: str | None) -> tuple[str, Path, list[tuple[st
     """(title, where the page goes, (point, job directory) of each point that started) of a sweep; None for one job."""
     from launchgen.readback import sweep as sweeps
 
-    path = Path(job_dir or job)
-    if sweeps.is_sweep_dir(path):
-        st = sweeps.from_dir(path)
-        home = path
-    elif job == J.LOCAL_JOB_ID and sweeps.is_sweep_dir(Path("launchgen-runs") / J.LOCAL_JOB_ID):
-        home = Path("launchgen-runs") / J.LOCAL_JOB_ID
+    home = next((p for p in (Path(job_dir or job), Path("launchgen-runs") / job) if sweeps.is_sweep_dir(p)), None)
+    if home is not None:
         st = sweeps.from_dir(home)
     elif job_dir is None and (records := sweeps.array_records(job)):
         st = sweeps.from_array(job, records)

@@ -121,11 +121,15 @@ def _sweep(job_id: str, job_dir: str | None) -> SweepStatus | None:
 
     if job_dir is not None:
         return sweeps.from_dir(Path(job_dir)) if sweeps.is_sweep_dir(Path(job_dir)) else None
-    if job_id.strip() == LOCAL_JOB_ID:
-        here = [p for p in (Path.cwd(), Path.cwd() / "launchgen-runs" / LOCAL_JOB_ID) if sweeps.is_sweep_dir(p)]
-        return sweeps.from_dir(here[0]) if here else None
-    records = sweeps.array_records(job_id.strip())
-    return sweeps.from_array(job_id.strip(), records) if records else None
+    job_id = job_id.strip()
+    records = [] if job_id == LOCAL_JOB_ID else sweeps.array_records(job_id)
+    if records:
+        return sweeps.from_array(job_id, records)
+    # a --bash sweep, or an array the controller forgot: the default output_dir below where this is run from
+    cands = (Path.cwd(), Path.cwd() / "launchgen-runs" / job_id) if job_id == LOCAL_JOB_ID else \
+        (Path.cwd() / "launchgen-runs" / job_id,)
+    here = next((p for p in cands if sweeps.is_sweep_dir(p)), None)
+    return sweeps.from_dir(here) if here is not None else None
 
 
 def _num(v: float | None) -> str:

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launchgen.readback.jobfiles import find_logs, locate_job_dir, read_job_dir, read_metrics
+from launchgen.readback.jobfiles import locate_job_dir, read_job_dir, read_metrics
 from launchgen.readback.postmortem import analyse
 from launchgen.readback.slurmquery import (
     Runner,
@@ -83,9 +83,18 @@ def _row(index: int, name: str, task: str | None, job_dir: Path | None, state: s
         metrics, _notes = read_metrics(job_dir, contents.record)
         if metrics:
             steps, reward, loss = metrics[-1].step, metrics[-1].values.get(REWARD), metrics[-1].values.get(LOSS)
-        attempts = len({lg.attempt for lg in find_logs(job_dir)})
+        attempts = _attempts(job_dir)
     return PointRow(index, name, task, state, steps, reward, loss, attempts, str(job_dir) if job_dir else None,
                     failed, over)
+
+
+def _attempts(job_dir: Path) -> int:
+    """How many attempts the point's job directory has (`logs/attempt-<N>` folders: a requeue adds one)."""
+    root = job_dir / J.DEFAULT_LAYOUT.logs_root()
+    try:
+        return sum(1 for d in root.iterdir() if d.is_dir() and J.attempt_of(d.name) is not None)
+    except OSError:
+        return 0
 
 
 def _local_state(job_dir: Path) -> tuple[str, bool, bool]:
