@@ -144,16 +144,19 @@ def curves_figure(rep: RunReport) -> Figure:
     return {"data": data, "layout": layout}
 
 
+#: what both pages look like (a format argument: its braces are CSS's)
+_STYLE = """body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; margin-bottom: .2em; }
+.notes li { color: #666; }
+table { border-collapse: collapse; font-size: .9em; margin: 1em 0; }
+td, th { border: 1px solid #ddd; padding: .25em .6em; text-align: left; }"""
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>launchgen report: {title}</title>
 <style>
-body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.4em; margin-bottom: .2em; }}
+{style}
 .summary {{ font-size: 1.05em; margin: .3em 0 1em; }}
-.notes li {{ color: #666; }}
-table {{ border-collapse: collapse; font-size: .9em; margin: 1em 0; }}
-td, th {{ border: 1px solid #ddd; padding: .25em .6em; text-align: left; }}
 td:nth-child(-n+2), th {{ white-space: nowrap; }}
 .first {{ color: #d62728; font-weight: bold; }}
 </style></head><body>
@@ -186,7 +189,7 @@ def render_page(rep: RunReport) -> str:
     curves = pio.to_html(curves_figure(rep), full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG,
                          div_id="curves-plot", validate=False)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in rep.notes)
-    return _PAGE.format(title=html.escape(rep.title), summary=html.escape(rep.summary),
+    return _PAGE.format(style=_STYLE, title=html.escape(rep.title), summary=html.escape(rep.summary),
                         job_dir=html.escape(rep.job_dir), notes=f'<ul class="notes">{notes}</ul>' if notes else "",
                         timeline=timeline, curves=curves, rows="\n".join(_lane_row(ln) for ln in rep.lanes))
 
@@ -212,11 +215,7 @@ _COMPARISON_PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>launchgen report: {title}</title>
 <style>
-body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.4em; margin-bottom: .2em; }}
-.notes li {{ color: #666; }}
-table {{ border-collapse: collapse; font-size: .9em; margin: 1em 0; }}
-td, th {{ border: 1px solid #ddd; padding: .25em .6em; text-align: left; }}
+{style}
 </style></head><body>
 <h1>launchgen report: {title}</h1>
 {notes}
@@ -240,6 +239,6 @@ def render_comparison(cmp: Comparison) -> str:
     rows = "\n".join(f"<tr><td>{html.escape(name)}</td><td>{step}</td>"
                      + "".join(f"<td>{_final_cell(final[key])}</td>" for _t, key in COMPARED) + "</tr>"
                      for name, step, final in cmp.final)
-    return _COMPARISON_PAGE.format(title=html.escape(cmp.title), notes=f'<ul class="notes">{notes}</ul>' if notes
+    return _COMPARISON_PAGE.format(style=_STYLE, title=html.escape(cmp.title), notes=f'<ul class="notes">{notes}</ul>' if notes
                                    else "", heads="".join(f"<th>{html.escape(t)}</th>" for t, _k in COMPARED),
                                    rows=rows, curves=curves)
