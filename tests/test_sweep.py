@@ -399,3 +399,30 @@ def test_status_reads_a_sweep_directory_the_scheduler_forgot(tmp_path: Path, mon
     rows = json.loads(res.stdout)["points"]
     assert [(r["name"], r["state"], r["steps"], r["reward"], r["loss"], r["attempts"]) for r in rows] == [
         ("lr1e-5", "COMPLETED", 2, 0.75, 0.125, 1), ("lr3e-5", "NOT STARTED", None, None, None, 0)]
+
+
+def test_a_bash_driver_runs_as_many_points_side_by_side_as_the_gpus_hold(tmp_path: Path) -> None:
+    """Each point takes 2 GPUs (server on 0, trainer on 1); 4 visible GPUs hold 2 of the 3 points asked for at once:
+    slots 0 and 1, each its own slice of CUDA_VISIBLE_DEVICES and its own port offset; the third starts after them.
+    (The points themselves fail fast here, with no vllm on this machine: the driver's own schedule is the subject.)"""
+    sw = _sweep("job: {name: g, output_dir: runs/%j}\nmodel: {name_or_path: org/m}\nslurm: {gpus_per_node: 2}\n"
+                "vllm: {gpus: [0]}\ntrain: {gpus: [1], args: {data: {path: d.jsonl}}}\n"
+                "sweep: {grid: {train.args.seed: [1, 2, 3]}, max_parallel: 3}\n")
+    assert {ps.loaded.spec.job.port_offset for ps in sw.points if ps.loaded} == {"job_id"}
+    (script,) = render_sweep(sw, _planned(sw), "bash")
+    _shellcheck(script.text, tmp_path, "gpu-sweep.sh")
+    # each point's script replaced by one that says what it was given
+    slots = re.sub(r"^lg_sweep_start (\S+) 3<<'(\S+)'\n.*?^\2\n",
+                   lambda m: f'lg_sweep_start {m[1]} 3<<\'EOF\'\necho "$LAUNCHGEN_SWEEP_SLOT $CUDA_VISIBLE_DEVICES"'
+                             f' >{tmp_path}/{m[1]}.seen\nEOF\n', script.text, flags=re.S | re.M)
+    assert slots.count("3<<'EOF'") == 3
+    (tmp_path / "slots.sh").write_text(slots)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    res = subprocess.run(["bash", str(tmp_path / "slots.sh")], capture_output=True, text=True, env=env, timeout=60,
+                         check=False, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "4 GPU(s) here, 2 per point: 2 point(s) at a time" in res.stderr
+    seen = {n: (tmp_path / f"{n}.seen").read_text().split() for n in ("seed1", "seed2", "seed3")}
+    assert seen == {"seed1": ["0", "4,5"], "seed2": ["1", "6,7"], "seed3": ["0", "4,5"]}
+    log = res.stderr
+    assert log.index("point seed2 ended") < log.index("point seed3 (slot 0)")

@@ -4,6 +4,7 @@ no other."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -39,7 +40,9 @@ def _launchgen(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
-def _render(work: Path) -> Path:
+def _render(work: Path, max_parallel: int = 2) -> Path:
+    spec = work / EXAMPLE
+    spec.write_text(spec.read_text().replace("max_parallel: 2", f"max_parallel: {max_parallel}"))
     res = _launchgen(work, "render", EXAMPLE, "--bash", "-o", "sweep.sh")
     assert res.returncode == 0, res.stderr
     return work / "sweep.sh"
@@ -59,6 +62,15 @@ def test_a_bash_sweep_runs_every_point_in_its_own_job_directory(tmp_path: Path, 
         assert f"learning_rate: {'1.0e-05' if name == 'lr1e-5' else '3.0e-05'}" in (job / "trainer.yaml").read_text()
         assert '"point"' in (job / "launchgen-sweep.json").read_text()
     assert "points: lr1e-5: exit 0 lr3e-5: exit 0" in res.stderr
+    # side by side (sweep.max_parallel 2, no GPUs to share): their runs overlap, each on ports of its own slot
+    spans, ports = [], []
+    for name in ("lr1e-5", "lr3e-5"):
+        job = work / "launchgen-runs" / "local" / name
+        events = (job / "logs" / "attempt-0" / "events.log").read_text().splitlines()
+        spans.append((events[0].split()[0], events[-1].split()[0]))
+        ports.append({p["name"]: p["value"] for p in json.loads((job / "launchgen-plan.json").read_text())["ports"]})
+    assert spans[1][0] < spans[0][1] and spans[0][0] < spans[1][1], spans
+    assert ports[0]["main_process"] != ports[1]["main_process"], ports
     st = _launchgen(work, "status", "local")
     assert st.returncode == 0, st.stderr
     rows = [ln for ln in st.stdout.splitlines() if "point: lr" in ln]
@@ -77,7 +89,7 @@ def test_a_bash_sweep_runs_every_point_in_its_own_job_directory(tmp_path: Path, 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_running_point_and_starts_no_other(tmp_path: Path, tiny_model_dir: Path) -> None:
     work = _workdir(tmp_path, tiny_model_dir)
-    script = _render(work)
+    script = _render(work, max_parallel=1)
     # a terminal's Ctrl-C: SIGINT to the whole foreground process group
     p = subprocess.Popen(["bash", str(script)], cwd=work, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -68,7 +68,8 @@ class SweepSection(BaseModel):
         "grid: the points themselves).",
     )
     max_parallel: int | None = Field(
-        default=None, ge=1, description="At most this many points run at once (sbatch `--array=...%K`).",
+        default=None, ge=1, description="At most this many points run at once (sbatch `--array=...%K`; "
+        "`--bash`: side by side where the GPUs allow, default 1).",
     )
 
     @field_validator("grid")
@@ -290,7 +291,7 @@ def _value_line(lines: dict[LinePath, int], path: str, section: SweepSection, va
     return lines.get((KEY, "points", extra_index, path))
 
 
-def _point_data(base: dict[str, Any], point: Point) -> dict[str, Any]:
+def _point_data(base: dict[str, Any], point: Point, max_parallel: int | None) -> dict[str, Any]:
     data = copy.deepcopy(base)
     for path, value in point.values:
         set_dotted(data, path.split("."), copy.deepcopy(value), what=f"{KEY} {path}")
@@ -300,8 +301,10 @@ def _point_data(base: dict[str, Any], point: Point) -> dict[str, Any]:
         if isinstance(out, str):
             job["output_dir"] = outdir.for_point(out, point.name)
         slurm = data.get("slurm")
-        # tasks that may share a node get their own ports: the job-id offset differs per task
-        if isinstance(slurm, dict) and slurm.get("exclusive") is False and "port_offset" not in job:
+        # points that may share a machine get their own ports: the job-id offset differs per array task, and a
+        # --bash driver running points side by side gives each its slot's
+        shared = isinstance(slurm, dict) and slurm.get("exclusive") is False
+        if (shared or (max_parallel or 1) > 1) and "port_offset" not in job:
             job["port_offset"] = "job_id"
     return data
 
@@ -344,7 +347,7 @@ def load_sweep(sd: SpecData, cli: Sequence[str] = ()) -> Sweep:
             if line is not None:
                 lines[tuple(int(p) if p.isdigit() else p for p in path.split("."))] = line
         try:
-            data = _point_data(base, point)
+            data = _point_data(base, point, section.max_parallel)
             loaded = validate_spec_data(SpecData(data, sd.text, file, lines, sd.root, list(sd.warnings)))
         except SpecError as exc:
             out.append(PointSpec(point, None, list(exc.issues)))

@@ -48,6 +48,13 @@ def shapes(planned: Sequence[tuple[Point, Plan]]) -> list[list[tuple[Point, Plan
     return sorted([*groups.values(), *alone], key=lambda g: g[0][0].index)
 
 
+def gpus_per_point(plan: Plan) -> int:
+    """How many of a machine's GPUs one point's plan takes (its highest GPU position + 1; 0 on CPU): the slice the
+    `--bash` driver gives each point it runs side by side."""
+    used = [g for n in plan.nodes for g in (*n.server_gpus, *n.trainer_gpus)]
+    return max(used) + 1 if used else 0
+
+
 def array_range(indices: Sequence[int], max_parallel: int | None) -> str:
     """`--array`'s value: ranges of the point indices (`0-2`, `0,2,4-6`), `%K` when limited."""
     parts, start = [], indices[0]
@@ -90,7 +97,8 @@ def render_sweep(sweep: Sweep, planned: Sequence[tuple[Point, Plan]], scheduler:
     if scheduler == "bash":
         points = tuple(p for p, _ in planned)
         text = env.get_template("sweep_bash.j2").render(
-            {**ctx, "points": points, "scripts": _point_scripts(sweep, planned, scheduler)})
+            {**ctx, "points": points, "scripts": _point_scripts(sweep, planned, scheduler),
+             "max_parallel": sweep.max_parallel or 1, "gpus": max(gpus_per_point(plan) for _p, plan in planned)})
         return [SweepScript(text, points, False)]
     out = []
     for group in shapes(planned):
