@@ -35,7 +35,7 @@ FULL = {
     ("single-node-split", "sbatch"),  # the layout users read first (README)
     ("hetjob-inference-partition", "sbatch"),  # a heterogeneous job: het groups, two node lists, component ids
     ("two-replicas", "bash"),  # server replicas and their restarts; --bash: process groups, the watcher
-    ("container-apptainer", "sbatch"),  # containers: the HF cache, mounts, USER
+    ("container-pyxis", "sbatch"),  # containers: the HF cache, USER; pyxis options on the srun lines
     ("local-cpu-quickstart", "sbatch"),  # CPU, no vLLM server, requeue off
 }
 #: the embedded programs that are a launchgen source file verbatim, stored in full goldens as their hash
