@@ -26,6 +26,7 @@ from launchgen.readback.jobfiles import (
     find_batch_log,
     read_job_dir,
     tail,
+    trainer_reason,
 )
 from launchgen.readback.slurmquery import SchedulerInfo, StepInfo
 from launchgen.shared import jobdir as J
@@ -162,9 +163,12 @@ def _job_roles(f: _Facts) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- how a role ended ---
 
 
-def how_ended(ev: Event) -> tuple[str, str]:
-    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it)."""
-    return _how(ev)
+def how_ended(ev: Event, log: str | None = None) -> tuple[str, str]:
+    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it); for a
+    failed trainer with its log, the sentence ends with the trainer's own reason (its exception, not its status)."""
+    state, how = _how(ev)
+    reason = trainer_reason(log) if ev.role == "trainer" and state in ("failed", "killed") else None
+    return state, f"{how}: {reason}" if reason else how
 
 
 def _how(ev: Event) -> tuple[str, str]:
@@ -199,11 +203,11 @@ def _from_end_event(f: _Facts, role: str, nodes: list[str]) -> RoleOutcome | Non
     if not ends:
         return None
     ev = min(ends, key=lambda e: e.ts if e.ts is not None else float("inf"))
-    state, how = _how(ev)
     if ev.node and ev.node not in nodes:
         nodes.append(ev.node)
     role_logs = f.role_logs(role)
     log = next((lg.path for lg in role_logs if lg.node == ev.node), role_logs[0].path if role_logs else None)
+    state, how = how_ended(ev, log)
     return RoleOutcome(role, nodes, state, how, ev.exit_code, ev.signal, ev.ts, log)
 
 

@@ -22,7 +22,7 @@ from launchgen.trainers.checkpoint import (
     write_complete_marker,
 )
 from launchgen.trainers.declarations.config import DataSection
-from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError, run_reporting
 from launchgen.trainers.declarations.trl.config import TrlRunConfig
 from launchgen.trainers.declarations.trl.entries import TrlEntry
 
@@ -252,12 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {a.config}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
               file=sys.stderr)
         return EXIT_CONFIG
-    try:
-        if cfg.script is not None:
+    loaded = cfg
+
+    def train() -> int:
+        if loaded.script is not None:
             from launchgen.trainers.trl.script import run_script
 
-            return run_script(cfg)
-        return run(cfg)
-    except TrainerSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+            return run_script(loaded)
+        return run(loaded)
+
+    return run_reporting(train)
