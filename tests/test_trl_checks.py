@@ -118,3 +118,18 @@ def test_trl_dpo_reads_preference_rows(tmp_path: Path) -> None:
     found = [i for i in _issues(_spec({"trainer": "trl.dpo", "args": {"data": {"path": str(bad)}}}), files=True)
              if i.code == "LG332"]
     assert len(found) == 1 and "missing chosen" in found[0].message
+
+
+def test_trls_batch_rules_are_refused_before_the_queue_with_the_real_world_size() -> None:
+    """TRL's own generation-batch rule (launchgen.trainers.declarations.trl.rules, agreed with TRL in
+    tests/trainers/test_trl_rules.py): one CPU process with 3 prompts a step and 4 generations each is LG932 at
+    num_generations' line; two processes make it 6, still refused; 2 x 2 passes. On main `check` passed it."""
+    def codes(bs: int, nodes: int = 1) -> list[tuple[str, str]]:
+        text = _spec({"device": "cpu", "nodes": nodes, "precision": "fp32",
+                      "args": {"data": {"path": "d.jsonl"}, "num_generations": 4, "per_device_train_batch_size": bs}})
+        return [(i.code, i.path) for i in _issues(text) if i.code.startswith("LG93")]
+
+    assert codes(3) == [("LG932", "train.args.num_generations")]
+    assert codes(3, nodes=2) == [("LG932", "train.args.num_generations")]
+    assert codes(2, nodes=2) == []
+    assert codes(4) == []
