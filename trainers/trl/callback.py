@@ -5,6 +5,8 @@
   the Trainer to save a checkpoint (`control.should_save`, TRL's own `checkpoint-<step>`: model, optimizer,
   scheduler, RNG states, trainer state) and to stop. The runner then exits 75 and the requeued job resumes from
   that checkpoint. Before the first step ends, TERM exits 75 at once (nothing trained since the last checkpoint).
+* Kind: each checkpoint gets `launchgen-trainer.json` naming the run's trainer (`trainers/rerun.py`), so a run of
+  another kind refuses to continue it before loading anything.
 * Metrics: every log record goes to `output_dir/metrics.jsonl` (`{"step": N, ...}`; records after a resumed
   checkpoint are dropped first) and one plain `[launchgen] step N/M loss=...` line to stdout, which the job
   script writes to the trainer log, so `launchgen logs` and grep work as for the bundled trainers.
@@ -20,6 +22,7 @@ from typing import Any
 
 from launchgen.trainers.checkpoint import SignalFlag
 from launchgen.trainers.reporting import format_line, truncate_metrics
+from launchgen.trainers.rerun import write_kind
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 METRICS_FILE = "metrics.jsonl"
@@ -28,8 +31,9 @@ _SUMMARY_KEY = "train_runtime"
 
 
 class LifecycleCallback(TrainerCallback):
-    def __init__(self, flag: SignalFlag, output_dir: Path, resumed_step: int | None) -> None:
+    def __init__(self, flag: SignalFlag, output_dir: Path, resumed_step: int | None, kind: str) -> None:
         self.flag = flag
+        self.kind = kind  # written into each checkpoint (trainers/rerun.py): another kind of run refuses it
         self.metrics_path = output_dir / METRICS_FILE
         self.resumed_step = resumed_step
         self.accelerator: Any = None  # the trainer's, set by the runner once the trainer exists
@@ -50,6 +54,11 @@ class LifecycleCallback(TrainerCallback):
             self.stopped_by_signal = True
             control.should_save = True
             control.should_training_stop = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            write_kind(Path(args.output_dir) / f"checkpoint-{state.global_step}", self.kind)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.checkpoint import EXIT_PREEMPTED, SignalFlag, write_complete_marker
+from launchgen.trainers.rerun import decide_trl
 
 if TYPE_CHECKING:
     from launchgen.trainers.declarations.trl.config import TrlRunConfig
@@ -44,17 +45,16 @@ def _resume_step(checkpoint: str | None) -> int | None:
     return int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else None
 
 
-def install(flag: SignalFlag, finished: _Finished) -> None:
+def install(flag: SignalFlag, finished: _Finished, kind: str) -> None:
     """Wrap `Trainer.__init__` and `Trainer.train` (process-wide: this process runs one script)."""
     from launchgen.trainers.trl.callback import LifecycleCallback
     from transformers import Trainer
-    from transformers.trainer_utils import get_last_checkpoint
 
     trainer_init, trainer_train = Trainer.__init__, Trainer.train
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         trainer_init(self, *args, **kwargs)
-        callback = LifecycleCallback(flag, Path(self.args.output_dir), None)
+        callback = LifecycleCallback(flag, Path(self.args.output_dir), None, kind)
         callback.accelerator = self.accelerator
         self.add_callback(callback)
         self._launchgen_callback = callback
@@ -62,8 +62,11 @@ def install(flag: SignalFlag, finished: _Finished) -> None:
     def train(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         callback = self._launchgen_callback
         out = Path(self.args.output_dir)
-        if resume_from_checkpoint is None and out.is_dir():
-            resume_from_checkpoint = get_last_checkpoint(str(out))
+        if resume_from_checkpoint is None:
+            start = decide_trl(out, kind, int(self.args.max_steps), "auto", self.accelerator.is_main_process)
+            if start.complete:  # the script's own output_dir: stop before it saves an untrained model over it
+                raise SystemExit(0)
+            resume_from_checkpoint = start.checkpoint
             if resume_from_checkpoint and self.accelerator.is_main_process:
                 print(f"[launchgen] resuming from {resume_from_checkpoint}", flush=True)
         callback.resumed_step = _resume_step(resume_from_checkpoint if isinstance(resume_from_checkpoint, str)
@@ -123,8 +126,13 @@ def script_command(cfg: TrlRunConfig, source: str) -> tuple[list[str], dict[str,
 
 
 def run_script(cfg: TrlRunConfig) -> int:
-    """A job's `train.script`: the flags and environment from the run config, then the script under `main`."""
+    """A job's `train.script`: the flags and environment from the run config, then the script under `main`. A
+    training that already reached max_steps in the job's output_dir runs nothing (the script would load its model
+    and data, train one more step at learning rate 0 and save over the finished run)."""
     assert cfg.script is not None
+    if decide_trl(cfg.output_dir, f"script:{cfg.script}", int(cfg.args.get("max_steps", -1)), cfg.resume,
+                  os.environ.get("RANK", "0") == "0").complete:
+        return 0
     as_module = not cfg.script.endswith(".py")
     source = _source(cfg.script, as_module)
     argv, env = script_command(cfg, source)
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     target, rest = argv[0], argv[1:]
     flag = SignalFlag().install()
     finished = _Finished()
-    install(flag, finished)
+    install(flag, finished, f"script:{target}")
     sys.argv = [target, *rest]
     if as_module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
