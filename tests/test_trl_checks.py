@@ -133,3 +133,43 @@ def test_trls_batch_rules_are_refused_before_the_queue_with_the_real_world_size(
     assert codes(3, nodes=2) == [("LG932", "train.args.num_generations")]
     assert codes(2, nodes=2) == []
     assert codes(4) == []
+
+
+_SWITCHABLE = ("LG920", "LG924")  # what TRL's trainer lacks: one client for several replicas; prompt truncation
+
+
+def _switched(text: str) -> str:
+    assert "trainer: grpo" in text
+    return text.replace("trainer: grpo", "trainer: trl.grpo", 1)
+
+
+def test_every_grpo_example_and_starter_switches_to_trl_grpo_by_its_trainer_line() -> None:
+    """One line: `trainer: grpo` -> `trainer: trl.grpo`. Each spec passes `check`, or is refused only with a code
+    that names what TRL's trainer lacks, at the field that asks for it. On main the starter and
+    multi-node-70b were LG901 at `train.args.trl.grpo` (the pydantic union's tag) with a generic fix."""
+    from launchgen.cli.init import LAYOUTS, starter_spec
+
+    texts = {p.name: p.read_text() for p in sorted((ROOT / "examples").glob("*.yaml"))
+             if "trainer: grpo" in p.read_text()}
+    texts |= {f"init {layout}": text for layout in LAYOUTS if "trainer: grpo" in (text := starter_spec(layout))}
+    assert len(texts) >= 9 and "init single-node-split" in texts, sorted(texts)
+    for name, text in texts.items():
+        errors = [i for i in _issues(_switched(text)) if i.severity == "error"]
+        assert all(i.code in _SWITCHABLE for i in errors), (name, [(i.code, i.path, i.message) for i in errors])
+        for i in errors:
+            assert i.path in ("vllm.replicas", "train.args.data.max_prompt_length"), (name, i.path)
+
+
+def test_a_yaml_1_1_float_is_a_float_for_trl_as_for_the_bundled_trainer() -> None:
+    """`learning_rate: 1e-5` is text to PyYAML (YAML 1.1 wants `1.0e-5`); both trainers take it as 1e-5."""
+    for trainer in ("grpo", "trl.grpo"):
+        text = _spec({"trainer": trainer, "args": {"data": {"path": "d.jsonl"}, "learning_rate": "1e-5"}})
+        assert [i for i in _issues(text) if i.severity == "error"] == [], trainer
+    plan = build_plan(load_spec_text(_spec({"args": {"data": {"path": "d.jsonl"}, "learning_rate": "5e-7"}}),
+                                     "spec.yaml"))
+    assert plan.trainer.config.args["learning_rate"] == 5e-7  # type: ignore[union-attr]
+    # an int field takes no exponent: the message says why YAML made it text
+    issues = [i for i in _issues(_spec({"args": {"data": {"path": "d.jsonl"}, "max_steps": "1e3"}}))
+              if i.severity == "error"]
+    assert [i.code for i in issues] == ["LG901"] and "YAML 1.1" in issues[0].message, issues
+    assert "1000" in issues[0].fix

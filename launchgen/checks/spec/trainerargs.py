@@ -33,10 +33,15 @@ _doc("LG921", "error", "A TRL field in train.args contradicts what the topology 
      "Remove the field from train.args (launchgen sets it) or change the spec field it names.")
 
 
-@check("LG920", "LG921")
+_doc("LG924", "error", "A launchgen data option that the trl.* trainer has no counterpart for (data.max_prompt_length: "
+     "TRL's online trainers do not truncate prompts).",
+     "Remove the option (shorten the data instead), or keep the bundled trainer, which has it.")
+
+
+@check("LG920", "LG921", "LG924")
 def trl_args_match_topology(ctx: Ctx) -> Iterator[Issue]:
     """A TRL trainer's run config (launchgen.kinds.trl_config): what TRL's fields say against the topology."""
-    yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921"))
+    yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921", "LG924"))
 
 
 def without_echo(issues: list[Issue]) -> list[Issue]:
