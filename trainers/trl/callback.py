@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -77,4 +78,10 @@ class LifecycleCallback(TrainerCallback):
                 rate = (tokens - self._tokens_at) / (now - self._t0)
             self._tokens_at = float(tokens)
         self._t0 = now
-        print(format_line(state.global_step, state.max_steps, logs, rate), flush=True)
+        line = format_line(state.global_step, state.max_steps, logs, rate)
+        if sys.stdout.isatty():  # by hand, beside transformers' bar: tqdm clears and redraws it around the line
+            from tqdm.auto import tqdm
+
+            tqdm.write(line)
+        else:
+            print(line, flush=True)

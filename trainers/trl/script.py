@@ -49,11 +49,14 @@ def install(flag: SignalFlag, finished: _Finished, kind: str) -> None:
     """Wrap `Trainer.__init__` and `Trainer.train` (process-wide: this process runs one script)."""
     from launchgen.trainers.trl.callback import LifecycleCallback
     from transformers import Trainer
+    from transformers.trainer_callback import ProgressCallback
 
     trainer_init, trainer_train = Trainer.__init__, Trainer.train
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         trainer_init(self, *args, **kwargs)
+        if not sys.stderr.isatty():  # a bar in a log file is one line of carriage returns the step lines would join
+            self.remove_callback(ProgressCallback)
         callback = LifecycleCallback(flag, Path(self.args.output_dir), None, kind)
         callback.accelerator = self.accelerator
         self.add_callback(callback)
