@@ -173,3 +173,30 @@ def test_a_yaml_1_1_float_is_a_float_for_trl_as_for_the_bundled_trainer() -> Non
               if i.severity == "error"]
     assert [i.code for i in issues] == ["LG901"] and "YAML 1.1" in issues[0].message, issues
     assert "1000" in issues[0].fix
+
+
+def test_check_reports_each_trl_rule_at_the_field_the_user_wrote() -> None:
+    """Every row of launchgen.trainers.declarations.trl.rules through `check`, with the values TRL itself refuses in
+    tests/trainers/test_trl_rules.py (CASES): its code, at a field of the row, and no other TRL rule."""
+    sys.path.insert(0, str(ROOT / "tests" / "trainers"))
+    try:
+        from test_trl_rules import _BASE, CASES
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "trainers"))
+    from launchgen.trainers.declarations.trl.rules import TRL_RULES
+
+    server = yaml.safe_load((ROOT / "examples" / "local-cpu-server.yaml").read_text())
+    for rule in TRL_RULES:
+        args, world, rewards = CASES[rule.code][True]
+        name = rule.trainers[0]
+        train_args = {**_BASE[name], **{k: v for k, v in args.items() if k != "use_vllm"},
+                      "data": {"path": "d.jsonl"}, "rewards": [{"name": "accuracy"}] * rewards}
+        d: dict[str, Any] = {"job": {"name": "t"}, "slurm": {"time": "01:00:00"}, "model": {"name_or_path": "org/m"},
+                             "train": {"trainer": f"trl.{name}", "device": "cpu", "nodes": world, "precision": "fp32",
+                                       "args": train_args}}
+        if args.get("use_vllm"):  # use_vllm is the topology's: a vllm section turns it on
+            d["vllm"] = server["vllm"]
+        found = [(i.code, i.path) for i in _issues(yaml.safe_dump(d)) if i.code.startswith("LG93")
+                 or i.code.startswith("LG94")]
+        assert [c for c, _ in found] == [rule.code], (rule.code, found)
+        assert found[0][1].removeprefix("train.args.") in rule.fields, found

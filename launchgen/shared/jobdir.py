@@ -191,7 +191,7 @@ OUTPUT_DIR_VAR = "LG_OUTPUT_DIR"
 
 
 #: How a trainer's failure reaches the job's summary ("the trainer says: ..."), `status` and `report`: the trainer's
-#: one-line reason, the last line it writes to its log (`launchgen.trainers.errors`: a refused config, or the
+#: one-line reason, the last line it writes to its log (`launchgen.trainers.declarations.errors`: a refused config, or the
 #: exception with the file:line of the user's code; `launchgen.rank`: a death by signal). Read as the first such line.
 TRAINER_ERROR_PREFIX = "error: "
 #: lines of the wrappers around the trainer that restate its failure, never its reason (accelerate launch re-raises

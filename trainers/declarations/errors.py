@@ -18,7 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from launchgen.shared import jobdir
+import launchgen.trainers
+
+import launchgen
 from launchgen.shared.jobdir import EXIT_CONFIG, EXIT_FAILURE, TRAINER_ERROR_PREFIX
 
 
@@ -30,7 +32,7 @@ def _library_roots() -> tuple[str, ...]:
     """Directories whose code is not the user's: the standard library, installed packages, launchgen itself."""
     paths = sysconfig.get_paths()
     roots = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
-             str(Path(__file__).resolve().parent), str(Path(jobdir.__file__).resolve().parent)}
+             str(Path(launchgen.trainers.__file__).resolve().parent), str(Path(launchgen.__file__).resolve().parent)}
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 

@@ -60,7 +60,7 @@ for _rule in TRL_RULES:
 @check(*(r.code for r in TRL_RULES))
 def trl_refusals(ctx: Ctx) -> Iterator[Issue]:
     """What TRL's config or trainer would raise at the start of the job, from the values the spec holds
-    (launchgen.trainers.trl.rules)."""
+    (launchgen.trainers.declarations.trl.rules)."""
     cfg = ctx.resolved_config
     if not isinstance(cfg, TrlRunConfig) or ctx.world_size == 0:
         return  # a run config that does not validate is LG901's
