@@ -16,7 +16,7 @@ from tools import tool
 from launchgen.jobside import allocprobe as A
 from launchgen.script.preflightfacts import trainer_modules
 
-_RECORD = {"trainer": {"argv": ["accelerate", "launch", "-m", "launchgen.rank", "launchgen.trainers.trl"]},
+_RECORD = {"trainer": {"argv": ["accelerate", "launch", "-m", "launchgen.jobside.rank", "launchgen.trainers.trl"]},
            "server": {"argv": [["vllm", "serve", "m"]]}}
 
 
@@ -57,7 +57,7 @@ def test_a_trainer_python_without_launchgen_or_trl_is_pf109_by_asking_that_pytho
     failures = A.command_probes(_RECORD, ["trainer"], {"PATH": str(d)}, facts, find=find)
     assert asked == [str(py)]
     assert [c for c, _ in failures] == ["PF109"], failures
-    assert "cannot import launchgen.rank, launchgen.trainers.trl, trl" in failures[0][1], failures
+    assert "cannot import launchgen.jobside.rank, launchgen.trainers.trl, trl" in failures[0][1], failures
     # the environment that has them: nothing to report
     ok = _bin(tmp_path / "ok", "accelerate", sys.executable)
     assert A.command_probes(_RECORD, ["trainer"], {"PATH": str(ok)}, facts) == []

@@ -28,7 +28,7 @@ ports with this attempt's values, the server's argv) and checks, on this node:
 * PF108 where a role on this node asks for bf16 on GPUs, each of its GPUs has compute capability >= 8.0
   (`nvidia-smi`; without it, a note);
 * PF109 every command a role of this node runs is on PATH (after `slurm.setup`: `accelerate`, `vllm`, a container
-  runtime), and the trainer's Python (the interpreter of its `accelerate`) finds `launchgen.rank`, the trainer's
+  runtime), and the trainer's Python (the interpreter of its `accelerate`) finds `launchgen.jobside.rank`, the trainer's
   module and, for TRL's trainers, `trl` (`importlib.util.find_spec`: nothing is imported). Without it a job whose
   environment is not active passes every other probe and ends minutes later with status 127 or a
   ModuleNotFoundError in the trainer's log.

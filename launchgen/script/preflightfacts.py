@@ -11,7 +11,7 @@
 * `server_image`: the image a pyxis server runs in (its `vllm` is not on the host the preflight runs on: nothing
   of the server's installation is judged there), or None.
 * `trainer_image`: the same for a pyxis trainer (its `accelerate` and Python are inside the image), or None.
-* `trainer_modules`: what the trainer's Python must import (`launchgen.rank`, the trainer's module, `trl` for TRL's
+* `trainer_modules`: what the trainer's Python must import (`launchgen.jobside.rank`, the trainer's module, `trl` for TRL's
   trainers): the node asks that Python with `importlib.util.find_spec`, which runs none of them.
 * `checkpoint_bytes_per_param`: what one checkpoint holds per model parameter (full fine-tuning with a bundled
   trainer: weights and AdamW state, `estimate.checkpoint_bytes_per_param`); None where only the weights' size is
@@ -25,6 +25,7 @@ import json
 import re
 from typing import Any
 
+from launchgen.jobside import rank
 from launchgen.planning.model import Plan
 from launchgen.shared import compat
 from launchgen.shared.estimate import checkpoint_bytes_per_param
@@ -46,8 +47,8 @@ def server_flags(argv: list[str]) -> list[str]:
 
 
 def trainer_modules(module: str) -> list[str]:
-    """What the trainer's interpreter imports to run `module` under the job's rank wrapper (launchgen.rank)."""
-    return ["launchgen.rank", module, *(["trl"] if module.startswith("launchgen.trainers.trl") else [])]
+    """What the trainer's interpreter imports to run `module` under the job's rank wrapper."""
+    return [rank.__name__, module, *(["trl"] if module.startswith("launchgen.trainers.trl") else [])]
 
 
 def facts(plan: Plan) -> dict[str, Any]:
