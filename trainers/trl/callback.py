@@ -58,7 +58,7 @@ class LifecycleCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and args.output_dir is not None:
             write_kind(Path(args.output_dir) / f"checkpoint-{state.global_step}", self.kind)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
