@@ -200,3 +200,11 @@ def test_check_reports_each_trl_rule_at_the_field_the_user_wrote() -> None:
                  or i.code.startswith("LG94")]
         assert [c for c, _ in found] == [rule.code], (rule.code, found)
         assert found[0][1].removeprefix("train.args.") in rule.fields, found
+
+
+def test_a_script_with_a_bundled_trainer_is_one_message_not_bundled_advice() -> None:
+    """LG922 alone: on main it came with LG901 `data` required and `max_completion_length` belongs in
+    `generation` (the bundled trainer's advice, to a script whose train.args are TRL flags)."""
+    text = (ROOT / "examples" / "trl-script.yaml").read_text().replace("trainer: trl.grpo ", "trainer: grpo ")
+    issues = [i for i in _issues(text) if i.severity == "error"]
+    assert [(i.code, i.path) for i in issues] == [("LG922", "train.trainer")], issues

@@ -30,10 +30,12 @@ _doc("LG923", "warning", "train.script's source shows no TrlParser / HfArgumentP
 @check("LG922")
 def script_needs_a_trl_trainer(ctx: Ctx) -> Iterator[Issue]:
     if ctx.spec.train.script is not None and ctx.trainer_facts.trl_config is None:
+        same = ctx.spec.train.trainer if ctx.spec.train.trainer in TRL_ENTRIES else "grpo"
         yield ctx.issue("LG922", "train.trainer",
                         f"train.script runs a TRL script, but train.trainer is {ctx.spec.train.trainer!r}, a bundled "
                         f"trainer; name the TRL config the script parses: "
-                        f"{', '.join(PREFIX + n for n in TRL_ENTRIES)}")
+                        f"{', '.join(PREFIX + n for n in TRL_ENTRIES)}",
+                        f"Set train.trainer: {PREFIX}{same} (or the trl.* config your script's TrlParser reads).")
 
 
 _doc("LG741", "warning", "--live: a trl.* trainer, but the installed trl is missing (info) or not the release whose "
