@@ -19,6 +19,7 @@ from trl_runs import trl_cfg
 
 from launchgen.input.loader import load_spec_text
 from launchgen.planning.plan import build_plan
+from launchgen.readback import runreport
 from launchgen.script.render import render_script, render_steps
 
 TOY_REWARDS = Path(__file__).parent / "trainers"
@@ -73,6 +74,12 @@ def test_each_trl_entry_runs_two_steps_under_the_rendered_bash_script(name: str,
     steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     assert [x.split()[2] for x in log.read_text().splitlines() if x.startswith("[launchgen] step")] == ["1/2", "2/2"]
+    # the report places both steps on the trainer's timeline (on main a TRL record had no time stamp: none)
+    report = runreport.build("local", job)
+    marks = [m for lane in report.lanes if lane.role == "trainer" for m in lane.marks if m.kind == "step"]
+    assert len(marks) == 2, report.lanes
+    if TRL_ENTRIES[name].rewards:  # the online trainers count their tokens (num_tokens): a tokens/s curve
+        assert [c.steps for c in report.curves["tokens/s"]] == [[2]], report.curves["tokens/s"]
     print(f"trl.{name}: rendered --bash job, 2 steps, {took:.1f}s wall")
 
 

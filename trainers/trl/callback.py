@@ -26,7 +26,8 @@ from launchgen.trainers.reporting import format_line, truncate_metrics
 from launchgen.trainers.rerun import write_kind
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-METRICS_FILE = "metrics.jsonl"
+from launchgen.shared.jobdir import METRICS_FILE, METRICS_WALL_KEY
+
 #: HF's end-of-training summary record (train_runtime, train_loss, ...): not a step's metrics.
 _SUMMARY_KEY = "train_runtime"
 
@@ -69,7 +70,9 @@ class LifecycleCallback(TrainerCallback):
                  if isinstance(v, (int, float, str, bool)) or v is None}
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps({"step": state.global_step, **clean}) + "\n")
+            # stamped as the bundled trainers' records: `report` places the step on its timeline and takes
+            # tokens/s from the wall time between records
+            f.write(json.dumps({"step": state.global_step, **clean, METRICS_WALL_KEY: round(time.time(), 3)}) + "\n")
         now = time.perf_counter()
         tokens = logs.get("num_tokens")
         rate = None
