@@ -105,9 +105,9 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def newest(out: Path) -> tuple[int, Path] | None:
-    """The newest `checkpoint-<step>` of `out` with its trainer_state.json (transformers' get_last_checkpoint)."""
+    """The newest `checkpoint-<step>` directory of `out`, as transformers' get_last_checkpoint finds it."""
     found = [(int(m[1]), p) for p in (out.iterdir() if out.is_dir() else ())
-             if (m := _CHECKPOINT.match(p.name)) and (p / _STATE_FILE).is_file()]
+             if (m := _CHECKPOINT.match(p.name)) and p.is_dir()]
     return max(found) if found else None
 
 
