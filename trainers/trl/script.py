@@ -6,7 +6,8 @@ is given the `LifecycleCallback` when it is built, and its `train()` resumes fro
 in its output_dir when the script passes no `resume_from_checkpoint`. A USR2/TERM makes the running step's end
 save a checkpoint, and `train()` then exits the process with 75 (the job requeues; the next attempt resumes). A
 `train()` that reached max_steps, in a script that then ends without an error, leaves the completion marker in
-that output_dir. Metrics go to `<output_dir>/metrics.jsonl` and the trainer log's `[launchgen] step` lines.
+that output_dir. Metrics go to the job's `<trainer output_dir>/metrics.jsonl` (`metrics_dir`) and the trainer
+log's `[launchgen] step` lines.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def install(flag: SignalFlag, finished: _Finished, kind: str) -> None:
         trainer_init(self, *args, **kwargs)
         if not sys.stderr.isatty():  # a bar in a log file is one line of carriage returns the step lines would join
             self.remove_callback(ProgressCallback)
-        callback = LifecycleCallback(flag, Path(self.args.output_dir), None, kind)
+        callback = LifecycleCallback(flag, metrics_dir(Path(self.args.output_dir)), None, kind)
         callback.accelerator = self.accelerator
         self.add_callback(callback)
         self._launchgen_callback = callback
@@ -86,6 +87,14 @@ def install(flag: SignalFlag, finished: _Finished, kind: str) -> None:
 
     Trainer.__init__ = __init__  # type: ignore[method-assign]
     Trainer.train = train  # type: ignore[method-assign]
+
+
+def metrics_dir(output_dir: Path) -> Path:
+    """Where a script's metrics.jsonl goes: the job's trainer directory when the job runs it (its output_dir,
+    LAUNCHGEN_TRL_OUTPUT_DIR), so `report` and `status` find a script's metrics even where it trains into its own
+    output_dir (a script that parses no flags); else the Trainer's output_dir."""
+    job = os.environ.get(ENV_PREFIX + "OUTPUT_DIR")
+    return Path(job) if job else output_dir
 
 
 def _words(value: Any) -> list[str]:
