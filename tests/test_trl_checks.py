@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from launchgen.checks import run_checks
 from launchgen.input.loader import load_spec_text
 from launchgen.planning.plan import build_plan
 from launchgen.shared import compat
+from launchgen.shared.issues import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,3 +210,15 @@ def test_a_script_with_a_bundled_trainer_is_one_message_not_bundled_advice() -> 
     text = (ROOT / "examples" / "trl-script.yaml").read_text().replace("trainer: trl.grpo ", "trainer: grpo ")
     issues = [i for i in _issues(text) if i.severity == "error"]
     assert [(i.code, i.path) for i in issues] == [("LG922", "train.trainer")], issues
+
+
+def test_script_args_written_as_one_string_gets_its_words_as_the_list() -> None:
+    """On main the fix was the GPU-list example `[0, 1, 2, 3]`."""
+    text = (ROOT / "examples" / "trl-script.yaml").read_text().replace(
+        "script_args: [--dataset_name, examples/data/tiny-math.jsonl]",
+        'script_args: "--dataset_name examples/data/tiny-math.jsonl"')
+    with pytest.raises(SpecError) as refused:
+        load_spec_text(text, "spec.yaml")
+    issues = refused.value.issues
+    assert [(i.code, i.path) for i in issues] == [("LG004", "train.script_args")], issues
+    assert issues[0].fix == "Write a YAML list, one item per word: `[--dataset_name, examples/data/tiny-math.jsonl]`."
