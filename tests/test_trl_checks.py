@@ -222,3 +222,13 @@ def test_script_args_written_as_one_string_gets_its_words_as_the_list() -> None:
     issues = refused.value.issues
     assert [(i.code, i.path) for i in issues] == [("LG004", "train.script_args")], issues
     assert issues[0].fix == "Write a YAML list, one item per word: `[--dataset_name, examples/data/tiny-math.jsonl]`."
+
+
+def test_a_tab_in_the_indentation_is_named_with_its_fix() -> None:
+    """On main: `found character that cannot start any token`, fix `Fix the YAML syntax at that line.`"""
+    for text in ("version: 1\njob:\n\tname: x\n", "version: 1\njob:\n  name: x\n\t\n"):
+        with pytest.raises(SpecError) as refused:
+            load_spec_text(text, "spec.yaml")
+        (issue,) = refused.value.issues
+        assert issue.code == "LG001" and "tab" in issue.message, issue
+        assert issue.fix == "YAML indents with spaces only: replace the tab(s) on that line with spaces."
