@@ -232,3 +232,13 @@ def test_a_tab_in_the_indentation_is_named_with_its_fix() -> None:
         (issue,) = refused.value.issues
         assert issue.code == "LG001" and "tab" in issue.message, issue
         assert issue.fix == "YAML indents with spaces only: replace the tab(s) on that line with spaces."
+
+
+def test_a_time_limit_with_a_unit_letter_gets_the_slurm_spelling() -> None:
+    """`time: 1d` (and 12h, 90min): on main the generic 'documented type and range' fix."""
+    for written, want in (("1d", "1-00:00:00"), ("12h", "12:00:00"), ("36h", "1-12:00:00"), ("90min", "90")):
+        text = _spec({"args": {"data": {"path": "d.jsonl"}}}).replace('time: 01:00:00', f"time: {written}")
+        with pytest.raises(SpecError) as refused:
+            load_spec_text(text, "spec.yaml")
+        (issue,) = refused.value.issues
+        assert (issue.code, issue.path) == ("LG004", "slurm.time") and f'`time: "{want}"`' in issue.fix, issue

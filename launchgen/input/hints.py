@@ -108,6 +108,13 @@ def list_fix(error: dict[str, Any]) -> str | None:
     return f"Write a YAML list, one item per entry: `{example}` (a range like `0-3` is not expanded)."
 
 
+def value_fix(error: dict[str, Any]) -> str | None:
+    """The fix a validator knew from the value (`fields.FixedValueError`)."""
+    raised = (error.get("ctx") or {}).get("error")
+    fix = getattr(raised, "fix", None)
+    return fix if isinstance(fix, str) else None
+
+
 def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
