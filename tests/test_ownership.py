@@ -1,7 +1,7 @@
 """One table of which spec field owns which trainer argument and what launchgen writes into it
-(`launchgen.kinds.ownership.OWNED`): each owned argument is one row that says what launchgen writes into it or who sets
-it instead, and every written value lands on a field of the trainer's config, so `train.args` can never fight
-launchgen over it."""
+(`launchgen.kinds.ownership.OWNED`; the bundled loop's rows, `REFUSED`, here): each owned argument is one row that
+says what launchgen writes into it or who sets it instead, and every written value lands on a field of the trainer's
+config, so `train.args` can never fight launchgen over it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from launchgen.trainers.declarations.config import TrainerConfig
 
-from launchgen.kinds.ownership import COPIED, NOT_COPIED, OWNED, Owned, owned_args, owned_paths
+from launchgen.kinds.ownership import COPIED, NOT_COPIED, REFUSED, Owned, owned_args, owned_paths
 
 
 def _under(path: str, owner: str) -> bool:
@@ -26,10 +26,10 @@ def _field(path: str) -> None:
 
 def test_each_owned_argument_is_one_row_that_says_what_becomes_of_it() -> None:
     assert len(owned_paths()) == len(set(owned_paths()))
-    for o in OWNED:
+    for o in REFUSED:
         assert all(_under(c.path, o.path) and c.path != o.path for c in o.fills), o.path
-    assert [c.path for c in COPIED] == [c.path for o in OWNED for c in o.copied]
-    assert set(NOT_COPIED) == {o.path for o in OWNED if o.set_by}
+    assert [c.path for c in COPIED] == [c.path for o in REFUSED for c in o.copied]
+    assert set(NOT_COPIED) == {o.path for o in REFUSED if o.set_by}
     with pytest.raises(ValueError, match="exactly one of value, fills, set_by"):
         Owned("x", "y", lambda f: 1, set_by="someone")
     with pytest.raises(ValueError, match="exactly one of value, fills, set_by"):

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 from launchgen.checks.codes import CODES
 from launchgen.input.loader import LoadedSpec
 from launchgen.input.spec import Spec
-from launchgen.kinds.trainer_config import arg_paths, resolve_trainer_config, trainer_default
+from launchgen.kinds.registry import AnyConfig, Kind, as_bundled, kind_of
+from launchgen.kinds.trainer_config import arg_paths, trainer_default
 from launchgen.planning.hfcache import ModelConfig, find_model_config
 from launchgen.shared.issues import Issue, Severity
 from launchgen.shared.layout import Layout, resolve_layout
 from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.configs import CONFIGS
 from launchgen.trainers.declarations.declaration import DeclaredConfig, TrainerFacts
-from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
 #: `train.args` keys with the same meaning for the bundled trainers and TRL's (launchgen's data and rewards).
 SHARED_ARGS = frozenset({"data", "eval_data", "rewards"})
@@ -46,19 +46,24 @@ class Ctx:
         return find_model_config(m.name_or_path, m.revision, self.env)
 
     @cached_property
-    def _trainer_config(self) -> tuple[TrainerConfig | TrlRunConfig | None, list[Issue]]:
-        return resolve_trainer_config(self.spec, self.loaded)
+    def kind(self) -> Kind:
+        """The trainer's kind (bundled loop, TRL trainer, the user's script): what checks ask instead of testing
+        the trainer's facts or its config's class."""
+        return kind_of(self.spec)
+
+    @cached_property
+    def _trainer_config(self) -> tuple[AnyConfig | None, list[Issue]]:
+        return self.kind.resolve(self.spec, self.loaded)
 
     @property
     def trainer_cfg(self) -> TrainerConfig | None:
         """The bundled trainer's config as the trainer will read it (its own defaults filled in), or None where
         `train.args` does not validate (LG901), sets a field the spec owns (LG902) or is a TRL trainer's (its run
         config is checked as a whole by `launchgen.kinds.trl_config`)."""
-        cfg = self._trainer_config[0]
-        return cfg if isinstance(cfg, TrainerConfig) else None
+        return as_bundled(self._trainer_config[0])
 
     @property
-    def resolved_config(self) -> TrainerConfig | TrlRunConfig | None:
+    def resolved_config(self) -> AnyConfig | None:
         """The trainer's resolved config of either kind (the bundled loop's or a TRL trainer's run config), for
         the sections both have (data, eval_data, rewards); None where train.args does not validate."""
         return self._trainer_config[0]
@@ -131,7 +136,7 @@ class Ctx:
     # typo would silently read the default), so it raises.
     def arg(self, path: str, default: Any = None) -> Any:
         _known_path("arg", path)
-        if self.trainer_facts.trl_config is not None and path.split(".")[0] not in SHARED_ARGS:
+        if self.kind.uses_trl_table and path.split(".")[0] not in SHARED_ARGS:
             return default  # TRL's fields: the bundled config's checks have nothing to read there
         node: Any = self.spec.train.args
         for part in path.split("."):

@@ -120,7 +120,7 @@ def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, st
     from launchgen.planning.plan import build_plan  # deferred: checks load even where plan cannot be built
 
     try:
-        plan = build_plan(loaded)
+        plan = build_plan(loaded, ctx.resolved_config)  # the config the checks read, not a second resolution
     except SpecError as exc:
         return None, sort_issues([*issues, *(_locate(i, loaded) for i in exc.issues)])
     ctx.plan = plan

@@ -107,10 +107,10 @@ def markdown_reference(model: type[BaseModel] = Spec, prefix: str = "", note: st
 
 def spec_json_schema() -> dict[str, Any]:
     """The spec's JSON Schema, with `train.args` typed as the config of the trainer `train.trainer` names
-    (`trainer_config.args_schemas_by_trainer`): an `if`/`then` per trainer, so an editor offers GRPO's options
+    (`kinds.registry.args_schemas_by_trainer`): an `if`/`then` per trainer, so an editor offers GRPO's options
     only under `trainer: grpo`."""
     from launchgen.input.spec import TrainSpec
-    from launchgen.kinds.trainer_config import args_schemas_by_trainer
+    from launchgen.kinds.registry import args_schemas_by_trainer
 
     schema = Spec.model_json_schema()
     by_name, defs = args_schemas_by_trainer()

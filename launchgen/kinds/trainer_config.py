@@ -1,9 +1,9 @@
 """The trainer's config from the spec: `train.args` plus the fields the spec owns, validated as the trainer's own
 `TrainerConfig` (pydantic only, cheap to import: `check` imports no torch).
 
-`resolve_trainer_config` runs before the checks (`Ctx.trainer_cfg`): checks read typed fields with the
-trainer's own defaults, LG901 (`checks/spec/trainerargs.py`) reports what does not validate, and `build_plan` embeds
-the same config.
+The bundled loop's kind (`kinds.registry.BUNDLED`) resolves with it before the checks (`Ctx.trainer_cfg`): checks
+read typed fields with the trainer's own defaults, LG901 (`checks/spec/trainerargs.py`) reports what does not
+validate, and `build_plan` embeds the same config.
 """
 
 from __future__ import annotations
@@ -18,14 +18,11 @@ from pydantic import BaseModel, ValidationError
 from launchgen.input.loader import PYDANTIC_FIXES as _PYDANTIC_FIXES
 from launchgen.input.loader import LoadedSpec, issues_from_validation
 from launchgen.input.spec import Spec
-from launchgen.kinds.ownership import Filled, fill_owned, owned_args, owned_paths, without_owned
-from launchgen.kinds.trl_config import Topology, build_trl_config
+from launchgen.kinds.ownership import Filled, fill_owned, owned_args, owned_paths
 from launchgen.planning.model import _err, _invariant
 from launchgen.shared.issues import Issue, SpecError
-from launchgen.shared.precision import resolve_precision
 from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.configs import CONFIGS
-from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
 
 def build_trainer_config(spec: Spec, precision: str, output_dir: str, loaded: LoadedSpec | None = None,
@@ -87,29 +84,8 @@ def trainer_output_pattern(spec: Spec) -> str:
     return spec.job.output_dir.rstrip("/") + "/trainer"
 
 
-def resolve_trainer_config(spec: Spec, loaded: LoadedSpec | None = None
-                           ) -> tuple[TrainerConfig | TrlRunConfig | None, list[Issue]]:
-    """The trainer's config for `spec`, or None and the LG901 issues (each with its `train.args` field and YAML
-    line). Arguments the spec owns are left out (LG902 reports them), so the rest is still read. A TRL trainer
-    (`facts.trl_config`) gets its run config (`launchgen.kinds.trl_config`: TRL's fields, LG901/LG920/LG921)."""
-    cls = CONFIGS.get(spec.train.trainer)
-    if cls is not None and cls.facts.trl_config is not None:
-        topology = Topology(spec, resolve_precision(spec), trainer_output_pattern(spec))
-        try:
-            return build_trl_config(spec, spec.train.trainer, topology, loaded), []
-        except SpecError as e:
-            return None, list(e.issues)
-    try:
-        return build_trainer_config(spec, resolve_precision(spec), trainer_output_pattern(spec), loaded,
-                                    without_owned(spec.train.args)), []
-    except SpecError as e:
-        if loaded is None:
-            return None, list(e.issues)
-        return None, [i if i.line is not None else i.located(loaded.path, loaded.line_of(i.path)) for i in e.issues]
-
-
 #: Where the trainer config's own definitions go in the spec's JSON Schema (apart from the spec's).
-_DEFS_PREFIX = "trainer."
+DEFS_PREFIX = "trainer."
 
 
 def _section(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
@@ -122,16 +98,12 @@ def _section(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | Non
     return node if "properties" in node else None
 
 
-def args_json_schema(model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The JSON Schema of `train.args` for one trainer: its config class without the arguments the spec owns
-    (LG902), and its definitions, keyed `trainer.<Model>` (for `launchgen schema`: editor completion and
+def plain_args_json_schema(model: type[BaseModel], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON Schema of `train.args` for one bundled trainer: its config class without the arguments the spec
+    owns (LG902), and its definitions, keyed `<prefix><Model>` (for `launchgen schema`: editor completion and
     validation)."""
-    if issubclass(model, TrlRunConfig):  # TRL's fields, from the generated table, beside launchgen's sections
-        from launchgen.kinds.trl_config import trl_args_json_schema
-
-        return trl_args_json_schema(model, _DEFS_PREFIX)
-    schema = model.model_json_schema(ref_template="#/$defs/" + _DEFS_PREFIX + "{model}")
-    defs = {_DEFS_PREFIX + k: v for k, v in schema.pop("$defs", {}).items()}
+    schema = model.model_json_schema(ref_template="#/$defs/" + prefix + "{model}")
+    defs = {prefix + k: v for k, v in schema.pop("$defs", {}).items()}
     for path in owned_paths():
         *parents, leaf = path.split(".")
         node: dict[str, Any] | None = schema
@@ -151,14 +123,3 @@ def args_json_schema(model: type[BaseModel]) -> tuple[dict[str, Any], dict[str, 
             prop["default"] = value
     schema["title"] = "train.args"
     return schema, defs
-
-
-def args_schemas_by_trainer() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """`args_json_schema` of every declared trainer, by name, and their definitions together (the sections they
-    share are one definition each)."""
-    by_name: dict[str, dict[str, Any]] = {}
-    defs: dict[str, Any] = {}
-    for name, cls in CONFIGS.items():
-        by_name[name], own = args_json_schema(cls)
-        defs.update(own)
-    return by_name, defs

@@ -1,27 +1,25 @@
 """The run config of `python -m launchgen.trainers.trl` from a spec whose `train.trainer` is `trl.<name>`.
 
 `train.args` holds TRL's own config fields (GRPOConfig, ...) beside launchgen's keys (`data`, `eval_data`,
-`rewards`, `resume`, `save_final_model`); launchgen fills the TRL fields the topology owns (`TRL_OWNED`). A user
-value equal to launchgen's is accepted (a TRL config carried over as it is); one that differs is LG921, naming
-both fields. Unknown TRL fields and values of the wrong kind are LG901 with the YAML line, found in the generated
+`rewards`, `resume`, `save_final_model`); launchgen fills the TRL fields the topology owns (the `MATCH` rows of
+`ownership.OWNED`). A user value equal to launchgen's is accepted (a TRL config carried over as it is); one that
+differs is LG921, naming both fields. Unknown TRL fields and values of the wrong kind are LG901 with the YAML line, found in the generated
 field table (`launchgen.trainers.declarations.trl.fields`): nothing here imports torch, transformers or trl.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import cache
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from pydantic import ValidationError
 
 from launchgen.input import trlnames
 from launchgen.input.loader import LoadedSpec, issues_from_validation
 from launchgen.input.spec import Spec
-from launchgen.kinds.ownership import COLOCATE_GPU_MEMORY_DEFAULT, lookup, vllm_mode
-from launchgen.planning.model import HEALTH_CLIENT_MARGIN_S
+from launchgen.kinds.ownership import MATCHED, SKIP, Filled, Owned, lookup
 from launchgen.shared.issues import Issue, SpecError
 from launchgen.trainers.declarations.trl.config import TrlRunConfig
 from launchgen.trainers.declarations.trl.entries import (
@@ -36,86 +34,10 @@ from launchgen.trainers.declarations.trl.entries import (
 )
 from launchgen.trainers.declarations.trl.fields import coerce, fields_of, problems
 
-#: A `TrlOwned.value` that leaves the field to TRL's own default.
-SKIP = object()
-_PRECISION = {"bf16": (True, False), "fp16": (False, True), "fp32": (False, False)}
-
 
 def _bare(trainer: str) -> str:
     """`grpo` for `trl.grpo` (entries.TRL_ENTRIES is keyed by the bare name)."""
     return trainer.removeprefix(PREFIX)
-
-
-@dataclass(frozen=True)
-class Topology:
-    spec: Spec
-    precision: str  # resolved (launchgen.shared.precision.resolve_precision)
-    output_dir: str  # the trainer's output_dir pattern (the script replaces it at run time)
-
-    @property
-    def mode(self) -> str:
-        return vllm_mode(self.spec)
-
-
-@dataclass(frozen=True)
-class TrlOwned:
-    field: str  # TRL's field (a dotted path into model_init_kwargs for the model's loading options)
-    owner: str  # the spec field that decides it
-    value: Callable[[Topology], Any]  # SKIP: not written
-    modes: tuple[str, ...] = ("server", "colocate", "none")
-
-
-def _colocate_memory(t: Topology) -> Any:
-    v = t.spec.vllm
-    assert v is not None
-    return v.gpu_memory_utilization if "gpu_memory_utilization" in v.model_fields_set else COLOCATE_GPU_MEMORY_DEFAULT
-
-
-def _vllm(t: Topology) -> Any:
-    assert t.spec.vllm is not None  # the rows' modes name only modes with a vllm section
-    return t.spec.vllm
-
-
-def _or_skip(value: Any) -> Any:
-    return SKIP if value is None else value
-
-
-_VLLM_MODES = ("server", "colocate")
-_RESOLVED = "vllm.port / vllm.bind (the job resolves the server's address at run time)"
-
-#: The TRL fields the topology owns, and the value launchgen writes (in the vllm modes listed; a field the
-#: trainer's TRL config does not have is skipped).
-TRL_OWNED: tuple[TrlOwned, ...] = (
-    TrlOwned("output_dir", "job.output_dir", lambda t: t.output_dir),
-    TrlOwned("use_cpu", "train.device", lambda t: t.spec.train.device == "cpu"),
-    TrlOwned("bf16", "train.precision", lambda t: _PRECISION[t.precision][0]),
-    TrlOwned("fp16", "train.precision", lambda t: _PRECISION[t.precision][1]),
-    TrlOwned("use_liger_kernel", "train.use_liger_kernel", lambda t: t.spec.train.use_liger_kernel),
-    TrlOwned("gradient_checkpointing", "train.gradient_checkpointing", lambda t: t.spec.train.gradient_checkpointing),
-    TrlOwned("trust_remote_code", "model.trust_remote_code", lambda t: t.spec.model.trust_remote_code),
-    TrlOwned("model_init_kwargs.trust_remote_code", "model.trust_remote_code",
-             lambda t: t.spec.model.trust_remote_code),
-    TrlOwned("model_init_kwargs.revision", "model.revision", lambda t: _or_skip(t.spec.model.revision)),
-    TrlOwned("model_init_kwargs.dtype", "model.dtype", lambda t: t.spec.model.dtype),
-    TrlOwned("model_init_kwargs.attn_implementation", "train.attn_implementation",
-             lambda t: _or_skip(t.spec.train.attn_implementation)),
-    TrlOwned("use_vllm", "vllm (a `vllm:` section turns it on)", lambda t: t.mode != "none"),
-    TrlOwned("vllm_mode", "vllm.mode", lambda t: t.mode, _VLLM_MODES),
-    TrlOwned("vllm_server_base_url", _RESOLVED, lambda t: SKIP, ("server",)),
-    TrlOwned("vllm_server_host", _RESOLVED, lambda t: SKIP, ("server",)),
-    TrlOwned("vllm_server_port", "vllm.port", lambda t: SKIP, ("server",)),
-    TrlOwned("vllm_group_port", "vllm.group_port", lambda t: SKIP, ("server",)),
-    # longer than the supervisor's wait, so that the supervisor, which names the server's log, reports it
-    TrlOwned("vllm_server_timeout", f"vllm.health_timeout (+ {HEALTH_CLIENT_MARGIN_S} s)",
-             lambda t: float(_vllm(t).health_timeout + HEALTH_CLIENT_MARGIN_S), ("server",)),
-    TrlOwned("vllm_tensor_parallel_size", "vllm.tensor_parallel_size", lambda t: _vllm(t).tensor_parallel_size,
-             ("colocate",)),
-    TrlOwned("vllm_gpu_memory_utilization", "vllm.gpu_memory_utilization", _colocate_memory, ("colocate",)),
-    TrlOwned("vllm_enable_sleep_mode", "vllm.enable_sleep_mode", lambda t: _vllm(t).enable_sleep_mode,
-             ("colocate",)),
-    TrlOwned("vllm_max_model_length", "vllm.max_model_len", lambda t: _or_skip(_vllm(t).max_model_len),
-             ("colocate",)),
-)
 
 
 def _set(args: dict[str, Any], path: str, value: Any) -> None:
@@ -129,8 +51,8 @@ def _set(args: dict[str, Any], path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _applies(row: TrlOwned, entry: TrlEntry, mode: str) -> bool:
-    return mode in row.modes and row.field.split(".")[0] in fields_of(entry.name)
+def _applies(row: Owned, entry: TrlEntry, mode: str) -> bool:
+    return mode in row.modes and row.path.split(".")[0] in fields_of(entry.name)
 
 
 def _same(user: Any, ours: Any) -> bool:
@@ -198,7 +120,7 @@ def _lacking(args: Mapping[str, Any], entry: TrlEntry) -> list[Issue]:
     return out
 
 
-def trl_issues(spec: Spec, trainer: str, topology: Topology) -> list[Issue]:
+def trl_issues(spec: Spec, trainer: str, topology: Filled) -> list[Issue]:
     """LG920 (topology), LG901 (unknown TRL field, wrong kind), LG921 (contradicts the topology), unlocated."""
     name = _bare(trainer)
     refusals = _topology_refusals(spec, name)
@@ -210,21 +132,21 @@ def trl_issues(spec: Spec, trainer: str, topology: Topology) -> list[Issue]:
     out += _lacking(args, entry)
     out += [Issue("LG901", f"train.args.{p.key}", p.message, p.fix) for p in problems(name, args)]
     out += [Issue("LG901", f"train.args.generation.{p.key}", p.message, p.fix) for p in problems(name, gen)]
-    for row in TRL_OWNED:
+    for row in MATCHED:
         if not _applies(row, entry, topology.mode):
             continue
-        present, user = lookup(args, row.field)
+        present, user = lookup(args, row.path)
         if not present or user is None:
             continue
-        ours = row.value(topology)
+        assert row.value is not None  # a TRL row writes a value (or SKIP)
+        ours, owner = row.value(topology), row.owner.split(" ")[0]
         if ours is SKIP:
-            out.append(Issue("LG921", f"train.args.{row.field}", f"TRL's `{row.field}` is decided by {row.owner}",
-                             f"Remove train.args.{row.field}; set {row.owner.split(' ')[0]} instead."))
-        elif not _same(user, ours):
-            out.append(Issue("LG921", f"train.args.{row.field}",
-                             f"train.args.{row.field} is {user!r} but {row.owner} makes it {ours!r}",
-                             f"Remove train.args.{row.field} (launchgen sets it from {row.owner.split(' ')[0]}), "
-                             f"or change {row.owner.split(' ')[0]}."))
+            out.append(Issue(row.policy.code, f"train.args.{row.path}", f"TRL's `{row.path}` is decided by "
+                             f"{row.owner}", f"Remove train.args.{row.path}; set {owner} instead."))
+        elif not (row.policy.accepts_equal and _same(user, ours)):
+            out.append(Issue(row.policy.code, f"train.args.{row.path}",
+                             f"train.args.{row.path} is {user!r} but {row.owner} makes it {ours!r}",
+                             f"Remove train.args.{row.path} (launchgen sets it from {owner}), or change {owner}."))
     return out
 
 
@@ -236,7 +158,7 @@ def _server(spec: Spec) -> dict[str, Any] | None:
     return {"host": "127.0.0.1", "port": v.port, "group_port": v.group_port}
 
 
-def run_config_data(spec: Spec, trainer: str, topology: Topology) -> dict[str, Any]:
+def run_config_data(spec: Spec, trainer: str, topology: Filled) -> dict[str, Any]:
     """The run config as a mapping: launchgen's keys from train.args, TRL's fields plus the owned values."""
     name = _bare(trainer)
     args = copy.deepcopy(dict(spec.train.args))
@@ -251,9 +173,9 @@ def run_config_data(spec: Spec, trainer: str, topology: Topology) -> dict[str, A
         args["report_to"] = [r for r in args["report_to"] if r != "jsonl"]
     args = coerce(name, args)
     entry = TRL_ENTRIES[name]
-    for row in TRL_OWNED:
-        if _applies(row, entry, topology.mode) and (value := row.value(topology)) is not SKIP:
-            _set(args, row.field, value)
+    for row in MATCHED:
+        if _applies(row, entry, topology.mode) and row.value is not None and (value := row.value(topology)) is not SKIP:
+            _set(args, row.path, value)
     server = _server(spec)
     if server is not None:
         data["server"] = server
@@ -280,7 +202,7 @@ def _validation_issues(exc: ValidationError, loaded: LoadedSpec | None) -> list[
     return out
 
 
-def build_trl_config(spec: Spec, trainer: str, topology: Topology, loaded: LoadedSpec | None = None
+def build_trl_config(spec: Spec, trainer: str, topology: Filled, loaded: LoadedSpec | None = None
                      ) -> TrlRunConfig:
     """The validated run config (the trainer's declared class); raises SpecError with every LG901/LG920/LG921
     issue."""
@@ -290,9 +212,8 @@ def build_trl_config(spec: Spec, trainer: str, topology: Topology, loaded: Loade
     if found:
         raise SpecError(_located(found, loaded))
     try:
-        cfg = parse_trainer_config(run_config_data(spec, trainer, topology))
-        assert isinstance(cfg, TrlRunConfig)
-        return cfg
+        # `trainer` is a trl.* name, so the union picks that trainer's run config class
+        return cast(TrlRunConfig, parse_trainer_config(run_config_data(spec, trainer, topology)))
     except ValidationError as exc:
         raise SpecError(_located(_validation_issues(exc, loaded), loaded)) from None
 
@@ -379,9 +300,9 @@ def markdown_section() -> str:
             "Every other field keeps TRL's own default (GRPOConfig logs every 10 steps, the bundled trainers every",
             "step: set `logging_steps: 1` for a metrics record and a `[launchgen] step` line per step).",
             "", "| TRL field | decided by | modes |", "| --- | --- | --- |"]
-    for row in TRL_OWNED:
+    for row in MATCHED:
         modes = "all" if len(row.modes) == 3 else ", ".join(row.modes)
-        out.append(f"| `{row.field}` | {row.owner} | {modes} |")
+        out.append(f"| `{row.path}` | {row.owner} | {modes} |")
     out += ["", "Bundled `generation.<key>` settings read as TRL fields: "
             + ", ".join(f"`{k}`" + (" (" + ", ".join(f"{t}: `{f}`" for t, f in v.items()) + ")" if v else "")
                         for k, v in GENERATION_FIELDS.items()) + ".", "",

@@ -50,8 +50,8 @@ from typing import Any
 from launchgen import __version__
 from launchgen.input.loader import LoadedSpec
 from launchgen.input.spec import Spec
-from launchgen.kinds.ownership import owned_args
-from launchgen.kinds.trainer_config import build_trainer_config, resolve_trainer_config
+from launchgen.kinds.registry import AnyConfig, kind_of, resolve_trainer_config
+from launchgen.kinds.trainer_config import build_trainer_config
 from launchgen.planning.accelerate_config import accelerate_config
 from launchgen.planning.containers import RUNTIMES, ContainerPlan, RoleName, container_plan, role_container
 from launchgen.planning.hetjob import SERVER_GROUP, TRAINER_GROUP, is_hetjob, server_overrides
@@ -97,9 +97,7 @@ from launchgen.shared.jobdir import (
 from launchgen.shared.jobdir import Layout as JobLayout
 from launchgen.shared.layout import GpuSlot, Layout, Role, resolve_layout
 from launchgen.shared.precision import precision_conflict, resolve_precision, server_dtype
-from launchgen.trainers.declarations.config import TrainerConfig, yaml_text
-from launchgen.trainers.declarations.configs import CONFIGS
-from launchgen.trainers.declarations.trl.config import TrlRunConfig
+from launchgen.trainers.declarations.config import yaml_text
 
 # The plan's interface: the data model lives in launchgen.planning.model, the trainer's config in
 # launchgen.kinds.trainer_config, the accelerate file in launchgen.planning.accelerate_config; callers import it all from here.
@@ -296,8 +294,7 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not precision_conflict(spec), "train.bf16/train.fp16 contradict train.precision (LG605/LG606)")
     _invariant(not any(is_reserved(name) for role in ("all", "server", "trainer")
                        for name in getattr(spec.slurm.env, role)), "slurm.env sets a reserved variable (LG807)")
-    _invariant(CONFIGS[spec.train.trainer].facts.trl_config is not None or not owned_args(spec.train.args),
-               "train.args sets a field the spec owns (LG902)")
+    _invariant(not kind_of(spec).refused(spec.train.args), "train.args sets a field the spec owns (LG902)")
     _invariant(not sbatch_value_problems(spec), "an #SBATCH value is empty or contains whitespace (LG907)")
     _invariant(output_dir_problems(spec.job.output_dir) is None,
                "job.output_dir is not a plain path the job script expands (LG910/LG911)")
@@ -306,14 +303,16 @@ def _assert_checked(spec: Spec, lay: Layout) -> None:
     _invariant(not is_hetjob(spec) or not lay.shared, "a heterogeneous job whose server shares a node (LG261)")
 
 
-def build_plan(loaded: LoadedSpec) -> Plan:
+def build_plan(loaded: LoadedSpec, config: AnyConfig | None = None) -> Plan:
     """The plan of a spec the checks accepted: assembles the parts from the layout and asserts the checks' rules
-    (PlanInvariantError, an internal error: run_checks reports every user mistake before calling this)."""
+    (PlanInvariantError, an internal error: run_checks reports every user mistake before calling this). `config`:
+    the trainer's config the checks resolved from this spec (`Ctx.resolved_config`), else resolved here."""
     spec = loaded.spec
     lay = resolve_layout(spec)
     _assert_checked(spec, lay)
     precision = resolve_precision(spec)
-    config, _ = resolve_trainer_config(spec, loaded)
+    if config is None:
+        config, _ = resolve_trainer_config(spec, loaded)
     _invariant(config is not None, "train.args does not validate as the trainer's config (LG901)")
     assert config is not None
     gpus = resolve_gpus(spec, lay)
@@ -449,34 +448,6 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
     return ReplicaPlan(rp.index, rp.name, rp.positions, rp.gpus, tuple(commands), tuple(senv), v.replicas)
 
 
-def _trl_overrides(mode: str) -> list[Override]:
-    """A TRL trainer's run config (`launchgen.trainers.declarations.trl.config`): TRL's output_dir and the `server` section."""
-    overrides = [Override("args.output_dir", Ref(V.LG_TRAINER_OUTPUT_YAML, "args.output_dir="))]
-    if mode == "server":
-        overrides += [
-            Override("server.host", Ref(V.LG_SERVER_HOST_YAML, "server.host=")),
-            Override("server.port", Ref(V.LG_SERVER_PORT, "server.port=")),
-            Override("server.group_port", Ref(V.LG_GROUP_PORT, "server.group_port=")),
-        ]
-    return overrides
-
-
-def _trainer_overrides(mode: str, replicas: int = 1) -> list[Override]:
-    """The `--set` values known only at run time (the job directory, the server's host, the shifted ports)."""
-    overrides = [Override("output_dir", Ref(V.LG_TRAINER_OUTPUT_YAML, "output_dir="))]
-    if mode == "server":
-        overrides += [
-            Override("generation.vllm_server.host", Ref(V.LG_SERVER_HOST_YAML, "generation.vllm_server.host=")),
-            Override("generation.vllm_server.port", Ref(V.LG_SERVER_PORT, "generation.vllm_server.port=")),
-            Override("generation.vllm_server.group_port",
-                     Ref(V.LG_GROUP_PORT, "generation.vllm_server.group_port=")),
-        ]
-        if replicas > 1:
-            overrides.append(Override("generation.vllm_server.replicas",
-                                      Ref(V.LG_REPLICAS_YAML, "generation.vllm_server.replicas=")))
-    return overrides
-
-
 def _trainer_env(spec: Spec, lay: Layout, gpus: GpuAssignment) -> list[EnvVar]:
     tenv: list[EnvVar] = []
     if spec.train.device == "cpu":
@@ -492,13 +463,11 @@ def _trainer_env(spec: Spec, lay: Layout, gpus: GpuAssignment) -> list[EnvVar]:
     return tenv + _user_env(spec, "trainer")
 
 
-def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str,
-                  config: TrainerConfig | TrlRunConfig) -> TrainerPlan:
+def _trainer_plan(spec: Spec, lay: Layout, gpus: GpuAssignment, precision: str, config: AnyConfig) -> TrainerPlan:
     t = spec.train
     num_machines, num_processes = lay.num_machines, lay.world_size
     module = config.facts.entry_module
-    overrides = (_trl_overrides(lay.mode) if isinstance(config, TrlRunConfig)
-                 else _trainer_overrides(lay.mode, lay.replicas))
+    overrides = kind_of(spec).overrides(lay.mode, lay.replicas)
     targv: list[Word] = [
         "accelerate", "launch", "--config_file", Ref(V.LG_ACCELERATE_CONFIG),
         "--num_machines", str(num_machines), "--num_processes", str(num_processes),

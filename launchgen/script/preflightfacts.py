@@ -26,11 +26,11 @@ import re
 from typing import Any
 
 from launchgen.jobside import rank
+from launchgen.kinds.registry import as_bundled
 from launchgen.planning.model import Plan
 from launchgen.shared import compat
 from launchgen.shared.estimate import checkpoint_bytes_per_param
 from launchgen.shared.precision import resolve_precision, server_dtype, trainable_weight_dtype
-from launchgen.trainers.declarations.config import TrainerConfig
 
 #: The vllm.general_plugins entry point that registers the gloo weight-transfer engine (pyproject.toml).
 GLOO_PLUGIN = "launchgen_gloo"
@@ -74,8 +74,8 @@ def facts(plan: Plan) -> dict[str, Any]:
             out["bf16"].append("server")
     if spec.train.device == "cuda" and resolve_precision(spec) == "bf16":
         out["bf16"].append("trainer")
-    cfg = plan.trainer.config
-    if isinstance(cfg, TrainerConfig) and cfg.peft is None:
+    cfg = as_bundled(plan.trainer.config)
+    if cfg is not None and cfg.peft is None:
         precision = resolve_precision(spec)
         dtype = trainable_weight_dtype(cfg.model.dtype, precision, lora=False, modules_to_save=False)
         out["checkpoint_bytes_per_param"] = checkpoint_bytes_per_param(

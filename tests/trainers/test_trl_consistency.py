@@ -26,7 +26,7 @@ import yaml
 from launchgen.trainers.declarations.trl.config import TrlRunConfig
 
 from launchgen.input.loader import load_spec_text
-from launchgen.kinds.trainer_config import resolve_trainer_config
+from launchgen.kinds.registry import resolve_trainer_config
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 
 from launchgen.trainers.declarations.config import TrainerConfig
-from launchgen.trainers.declarations.declaration import declared, names_where
+from launchgen.trainers.declarations.declaration import declared
 from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.objectives.base import Objective
 
@@ -43,6 +43,7 @@ def build_objective(cfg: TrainerConfig, num_processes: int) -> Objective:
 
         check_liger_compatible(cfg)
         if not cfg.facts.supports_liger_kernel:
-            able = names_where(lambda f: f.supports_liger_kernel and f.trl_config is None)  # the bundled loop's
+            # the bundled loop's trainers are the ones with an objective
+            able = [n for n, o in OBJECTIVES.items() if o.config_class.facts.supports_liger_kernel]
             raise TrainerSetupError(f"model.use_liger_kernel is supported for {', '.join(able)}, not {cfg.trainer}")
     return objective

@@ -175,7 +175,7 @@ def table_version() -> str:
 
 def probe_versions(ctx: Ctx, versions: Mapping[str, str | None]) -> Iterator[Issue]:
     attn, _ = attn_setting(ctx)
-    trl_table = table_version() if ctx.trainer_facts.trl_config is not None else None
+    trl_table = table_version() if ctx.kind.uses_trl_table else None
     yield from compat.installed_issues(
         versions, uses_hub_kernel=is_hub_kernel(attn), liger=liger_enabled(ctx), needs_vllm=ctx.spec.vllm is not None,
         trl_table=trl_table)

@@ -8,7 +8,6 @@ from typing import Any
 from launchgen.checks.context import Ctx, _set
 from launchgen.checks.registry import _doc, check
 from launchgen.checks.spec.kernels import _args_precision_conflict, attn_implementation_args
-from launchgen.kinds.ownership import owned_args
 from launchgen.shared.issues import Issue
 from launchgen.trainers.declarations.declaration import names_where
 
@@ -129,10 +128,9 @@ def _owned_reported_elsewhere(ctx: Ctx) -> set[str]:
 
 @check("LG902")
 def trainer_args_not_owned(ctx: Ctx) -> Iterator[Issue]:
-    if ctx.trainer_facts.trl_config is not None:
-        return  # TRL's fields: a value contradicting the topology is LG921 (launchgen.kinds.trl_config)
-    elsewhere = _owned_reported_elsewhere(ctx)
-    for path, by in owned_args(ctx.spec.train.args):
+    refused = ctx.kind.refused(ctx.spec.train.args)  # a TRL trainer's: none (LG921, launchgen.kinds.trl_config)
+    elsewhere = _owned_reported_elsewhere(ctx) if refused else set()
+    for path, by in refused:
         if path not in elsewhere:
             yield ctx.issue("LG902", f"train.args.{path}", f"`{path}` is set by launchgen from {by}",
                             f"Remove `train.args.{path}` and set {by} instead.")
