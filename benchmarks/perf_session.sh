@@ -16,7 +16,7 @@
 #       decode_profile.py at 3B and c1big: the engine's default against decode_attention="flex".
 #       Full rows: launchgen at its defaults (gradient_checkpointing auto), TRL 1.16 (its default, on), then
 #       launchgen under memory_budget_gib = 0.6x TRL's peak of the shape; training phase alone: auto against
-#       forced on. Every row: decode against the weights and weights+KV floors, training-phase MFU.
+#       forced on and forced off. Every row: decode against the weights and weights+KV floors, training-phase MFU.
 # Carried: .whl (trl 1.16.0, transformers 5.22.2, accelerate 1.16.0, peft 0.21.2, liger-kernel 0.8.5,
 # datasets 5.2.0, dill, multiprocess, pydantic + pydantic-core, annotated-types, typing-inspection).
 # Logs and tables under $OUT; both trainers in one process. WARMUP defaults to 2: with 1, the first timed step
@@ -61,7 +61,7 @@ elif [[ $PART == one ]]; then
   (cd "$OUT" && tar czf /tmp/one.tgz . && rm -rf ./* && mv /tmp/one.tgz .)  # the device returns at most 8 files
 elif [[ $PART == issue39a || $PART == issue39b ]]; then
   I=("${G[@]}" --trainers "launchgen,trl" --budget-of-trl 0.6 --lg-variant "gc-on:model.gradient_checkpointing=true"
-     --train-trainers "launchgen,gc-on")
+     --lg-variant "gc-off:model.gradient_checkpointing=false" --train-trainers "launchgen,gc-on,gc-off")
   if [[ $PART == issue39a ]]; then
     step c1 110 "${I[@]}" --configs 1
     I+=(--modes "full,train")
