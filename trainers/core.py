@@ -19,6 +19,7 @@ skips it (`generation.backends`).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import defaultdict
@@ -391,8 +392,6 @@ class Trainer:
         return self.buffer is not None and all((start + k) % every for k in range(1, self.geometry.ga))
 
     def _checkpointing_on_after_oom(self, start: int, objective_state: dict[str, Any]) -> None:
-        import gc
-
         self.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         if torch.cuda.is_available():
