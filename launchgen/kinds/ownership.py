@@ -111,6 +111,16 @@ def _or_skip(value: Any) -> Any:
     return SKIP if value is None else value
 
 
+def _checkpointing(f: Filled) -> bool:
+    """TRL has no `auto`, and launchgen does not estimate TRL's trainers: under `auto` the TRL config's own value
+    (a config carried over as it is), else TRL's default, on."""
+    value = f.spec.train.gradient_checkpointing
+    if value != "auto":
+        return value
+    user = f.spec.train.args.get("gradient_checkpointing")
+    return user if isinstance(user, bool) else True
+
+
 _S, _C = "generation.vllm_server.", "generation.vllm_colocate."
 _PRECISION = {"bf16": (True, False), "fp16": (False, True), "fp32": (False, False)}
 _VLLM_MODES = ("server", "colocate")
@@ -167,7 +177,7 @@ OWNED: tuple[Owned, ...] = (
     _trl("bf16", "train.precision", lambda f: _PRECISION[f.precision][0]),
     _trl("fp16", "train.precision", lambda f: _PRECISION[f.precision][1]),
     _trl("use_liger_kernel", "train.use_liger_kernel", lambda f: f.spec.train.use_liger_kernel),
-    _trl("gradient_checkpointing", "train.gradient_checkpointing", lambda f: f.spec.train.gradient_checkpointing),
+    _trl("gradient_checkpointing", "train.gradient_checkpointing", _checkpointing),
     _trl("trust_remote_code", "model.trust_remote_code", lambda f: f.spec.model.trust_remote_code),
     _trl("model_init_kwargs.trust_remote_code", "model.trust_remote_code", lambda f: f.spec.model.trust_remote_code),
     _trl("model_init_kwargs.revision", "model.revision", lambda f: _or_skip(f.spec.model.revision)),
