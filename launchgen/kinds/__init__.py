@@ -1,1 +1,1 @@
-"""Trainer kinds: the trainer's config resolved from the spec, and what the topology owns."""
+"""Trainer kinds (`registry`): the trainer's config resolved from the spec, and what the topology decides (`ownership`)."""
