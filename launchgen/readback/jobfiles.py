@@ -71,6 +71,11 @@ def _str_or_none(v: Any) -> str | None:
 
 
 def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
+    rank, node = e.fields.get("rank"), e.fields.get("node")
+    if rank is not None:  # a replica over several nodes: the rank that ended first or never joined
+        what = "never joined the engine" if J.Ev.HEALTH_TIMEOUT in e.words else f"exited ({e.fields.get('exit', '?')})"
+        return Seen.SERVER_DIED, "server", {"exit_code": e.fields.get("exit"),
+                                           "message": f"server rank {rank} on node {node} {what}"}
     if J.Ev.HEALTH_TIMEOUT in e.words:
         return Seen.HEALTH_TIMEOUT, "server", {}
     if J.Ev.HEALTH_LOST in e.words:
