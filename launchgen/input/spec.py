@@ -490,6 +490,13 @@ class ModelNumbers(_Section):
     max_position_embeddings: int | None = Field(default=None, ge=1,
                                                 description="config.json `max_position_embeddings` (vLLM's default "
                                                 "max_model_len).")
+    num_experts: int | None = Field(default=None, ge=1, description="Mixture-of-experts: config.json `num_experts` "
+                                    "(`n_routed_experts`, `num_local_experts`): routed experts per layer.")
+    num_experts_per_tok: int | None = Field(default=None, ge=1, description="Mixture-of-experts: routed experts each "
+                                            "token computes with (the active parameters).")
+    moe_intermediate_size: int | None = Field(default=None, ge=1, description="Mixture-of-experts: one expert's "
+                                              "intermediate size.")
+    qk_norm: bool = Field(default=False, description="Qwen3: RMSNorm on each head's q and k.")
 
 
 class EstimateSection(_Section):

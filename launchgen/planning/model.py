@@ -221,6 +221,12 @@ class ServerPlan:
     def multi_replica(self) -> bool:
         return len(self.replicas) > 1
 
+    @property
+    def parallel(self) -> str:
+        """`TP t x DP d`, with ` x PP p` where there are pipeline stages (the script's comments, `plan`)."""
+        pp = f" x PP {self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        return f"TP {self.tensor_parallel_size}{pp} x DP {self.data_parallel_size}"
+
 
 @dataclass(frozen=True)
 class Override:

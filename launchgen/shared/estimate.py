@@ -109,6 +109,10 @@ class ModelShape:
     max_position_embeddings: int | None = None
     num_experts: int = 0
     moe_intermediate_size: int | None = None
+    #: routed experts each token goes through (config.json `num_experts_per_tok`): what a token computes with
+    experts_per_token: int | None = None
+    #: Qwen3's RMSNorm on each head's q and k (two head_dim weights a layer)
+    qk_norm: bool = False
     source: str = ""
 
     KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -141,6 +145,7 @@ class ModelShape:
             qkv_bias=model_type == "qwen2" or d.get("attention_bias") is True,
             max_position_embeddings=num("max_position_embeddings"),
             num_experts=experts if experts > 1 else 0, moe_intermediate_size=num("moe_intermediate_size"),
+            experts_per_token=num("num_experts_per_tok"), qk_norm=model_type in ("qwen3", "qwen3_moe"),
             source=source,
         )
 
@@ -157,12 +162,14 @@ class ModelShape:
                 "self_attn.o_proj": (q, h), "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter),
                 "mlp.down_proj": (inter, h)}
 
-    def layer_params(self) -> int:
+    def layer_params(self, experts: int | None = None) -> int:
+        """One decoder layer's parameters; `experts`: count only that many routed experts (a token's share)."""
         h, hd = self.hidden_size, self.head_size
         q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.qkv_bias else 0)
+        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.qkv_bias else 0) + (2 * hd if self.qk_norm else 0)
         if self.num_experts:
-            mlp = 3 * h * (self.moe_intermediate_size or self.intermediate_size) * self.num_experts \
+            n = self.num_experts if experts is None else experts
+            mlp = 3 * h * (self.moe_intermediate_size or self.intermediate_size) * n \
                 + h * self.num_experts  # the router
         else:
             mlp = 3 * h * self.intermediate_size
@@ -171,15 +178,31 @@ class ModelShape:
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
-    def parameter_count(self) -> int:
-        """Every parameter: layers, the final norm, embeddings and (untied) the LM head."""
+    def parameter_count(self, experts: int | None = None) -> int:
+        """Every parameter: layers, the final norm, embeddings and (untied) the LM head (memory and weight sync
+        hold all of a mixture-of-experts model's experts)."""
         head = 0 if self.tie_word_embeddings else self.embedding_params()
-        return self.num_hidden_layers * self.layer_params() + self.hidden_size + self.embedding_params() + head
+        return self.num_hidden_layers * self.layer_params(experts) + self.hidden_size + self.embedding_params() + head
 
-    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
-        """KV cache bytes per token on one TP rank (KV heads are replicated where TP exceeds them)."""
+    def expert_params(self) -> int:
+        """The routed experts' parameters, over every layer (0 for a dense model): what expert parallelism splits."""
+        if not self.num_experts:
+            return 0
+        return self.num_hidden_layers * 3 * self.hidden_size * (self.moe_intermediate_size or self.intermediate_size) \
+            * self.num_experts
+
+    def active_parameter_count(self) -> int:
+        """The parameters one token computes with: a mixture-of-experts model's routed experts_per_token of its
+        experts (the "A22B" of Qwen3-235B-A22B); every parameter for a dense model."""
+        if not self.num_experts or not self.experts_per_token:
+            return self.parameter_count()
+        return self.parameter_count(self.experts_per_token)
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1, pp: int = 1) -> int:
+        """KV cache bytes per token on one GPU of a TP x PP server (KV heads are replicated where TP exceeds them;
+        a pipeline stage holds its own layers' cache, the largest stage ceil(layers / PP))."""
         heads = math.ceil(self.num_key_value_heads / tp)
-        return 2 * self.num_hidden_layers * heads * self.head_size * dtype_bytes
+        return 2 * math.ceil(self.num_hidden_layers / pp) * heads * self.head_size * dtype_bytes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -277,14 +300,18 @@ def server_activation_bytes(shape: ModelShape, tp: int, dtype_bytes: int) -> int
 
 
 def server_estimate(shape: ModelShape, *, tp: int, dtype: str, gpu_gib: float | None, max_model_len: int | None,
-                    gpu_memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None) -> RoleEstimate:
-    """One vLLM TP rank: weights, runtime reserve, and the KV cache that is left (or that is asked for)."""
+                    gpu_memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None,
+                    pp: int = 1, ep: int | None = None) -> RoleEstimate:
+    """One vLLM GPU of a TP x PP replica: weights, runtime reserve, and the KV cache that is left (or that is asked
+    for). A pipeline stage holds 1/PP of the weights (its layers; embeddings and head ride along, not counted);
+    with expert parallelism over `ep` GPUs (TP x DP) each holds 1/ep of the experts, the rest split by TP."""
     b = DTYPE_BYTES[dtype]
-    weights = shape.parameter_count() * b / tp / GIB
+    experts = shape.expert_params() if ep else 0
+    weights = ((shape.parameter_count() - experts) / tp + experts / (ep or 1)) * b / pp / GIB
     act = server_activation_bytes(shape, tp, b) / GIB
     parts = [Part("weights", weights), Part("activations + runtime", act + SERVER_RESERVE_GIB, rough=True)]
     length = max_model_len or shape.max_position_embeddings
-    per_token = shape.kv_bytes_per_token(b, tp)
+    per_token = shape.kv_bytes_per_token(b, tp, pp)
     notes: list[str] = []
     if kv_cache_memory_bytes is not None:
         kv = kv_cache_memory_bytes / GIB
@@ -301,7 +328,7 @@ def server_estimate(shape: ModelShape, *, tp: int, dtype: str, gpu_gib: float | 
             full = int(kv * GIB // (per_token * length))
     if max_model_len is None and length:
         notes.append(f"max_model_len unset: vLLM takes the model's {length}")
-    setup = f"TP {tp}, {dtype}"
+    setup = f"TP {tp}{f' x PP {pp}' if pp > 1 else ''}{f', EP {ep}' if ep else ''}, {dtype}"
     return RoleEstimate("server", setup, parts, gpu_gib, budget, notes, full, length, kv, dtype)
 
 
@@ -470,14 +497,16 @@ def allocated_gib(e: RoleEstimate) -> float:
 
 
 def smallest_tp(shape: ModelShape, *, dtype: str, gpu_gib: float, max_model_len: int | None,
-                gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, limit: int) -> int | None:
+                gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, limit: int,
+                pp: int = 1) -> int | None:
     """The smallest TP (a divisor of the attention heads, at most `limit`) whose ranks fit and hold at least one
-    full-length sequence, or None when none does."""
+    full-length sequence beside PP - 1 other pipeline stages, or None when none does."""
     for tp in range(1, limit + 1):
         if shape.num_attention_heads % tp:
             continue
         e = server_estimate(shape, tp=tp, dtype=dtype, gpu_gib=gpu_gib, max_model_len=max_model_len,
-                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes)
+                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                            pp=pp)
         if e.verdict in ("fits", "tight"):
             return tp
     return None

@@ -109,9 +109,9 @@ def dp_for_dense(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is None or v.mode != "server" or v.data_parallel_size == 1:
         return
-    cfg = ctx.model_config
-    if cfg is not None and cfg.is_moe:
-        return
+    cfg, numbers = ctx.model_config, ctx.spec.estimate.model
+    if (cfg is not None and cfg.is_moe) or (cfg is None and numbers is not None and (numbers.num_experts or 0) > 1):
+        return  # vLLM's DP is for mixture-of-experts models (config.json, else estimate.model, says so)
     what = "a dense model" if cfg is not None else "the model (config.json not reachable; fine if it is MoE)"
     yield ctx.issue("LG205", "vllm.data_parallel_size",
                     f"data_parallel_size {v.data_parallel_size} for {what}: every DP replica joins the weight "
