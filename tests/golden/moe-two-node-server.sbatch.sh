@@ -936,7 +936,7 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
 LAUNCHGEN_EOF_63DAC592FC388440
 
-cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_44865630D9BE601B'
+cat >"$LG_JOB_DIR"/steps/server.sh <<'LAUNCHGEN_EOF_D55500B8D929CECE'
 #!/bin/bash
 # launchgen server step (vllm serve, TP 8 x DP 2); written by the job script, runs once on each server node.
 set -euo pipefail
@@ -1028,6 +1028,18 @@ lg_select_gpus() {
   echo "${out[*]}"
 }
 
+read -r -a lg_roster <<<"$LG_SERVER_NODES"
+if ! LG_SERVER_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
+  lg_log "ERROR: node $LG_NODE is not a server node ($LG_SERVER_NODES)"
+  exit 1
+fi
+# one rank of an engine over 2 nodes: it records its node before the setup lines run, so the
+# supervisor tells a rank whose step never started from one that never joined the engine; vllm runs as a child so
+# that this rank also records its pid and exit status, in a process group of its own, so that what it leaves
+# behind (a worker whose parent was killed) goes with it
+lg_rank_file=$LAUNCHGEN_PID_DIR/server.rank$LG_SERVER_RANK
+rm -f -- "$lg_rank_file.exit"
+printf '%s\n' "$LG_NODE" >"$lg_rank_file.node"
 # ---- slurm.setup: verbatim from the spec (shell code by design), in this shell so activations stick
 # (nounset is off meanwhile: activation scripts, conda's in particular, read unset variables)
 set +u
@@ -1039,11 +1051,6 @@ source /shared/envs/rl/bin/activate
 set -u
 # ---- end of slurm.setup
 
-read -r -a lg_roster <<<"$LG_SERVER_NODES"
-if ! LG_SERVER_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
-  lg_log "ERROR: node $LG_NODE is not a server node ($LG_SERVER_NODES)"
-  exit 1
-fi
 LG_NODE_ADDR=$(lg_node_addr "$LG_NODE")
 LG_SERVER_BIND=$LG_NODE_ADDR
 LG_MASTER_ADDR=$(lg_node_addr "$LG_SERVER_LEADER")
@@ -1055,12 +1062,6 @@ export VLLM_HOST_IP
 export NCCL_ASYNC_ERROR_HANDLING=1
 
 lg_log "server rank $LG_SERVER_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-# one rank of an engine over 2 nodes: vllm runs as a child so that this rank records its node, pid and
-# exit status, from which the supervisor names the node and rank that died or never joined; in a process group of
-# its own, so that what it leaves behind (a worker whose parent was killed) goes with it
-lg_rank_file=$LAUNCHGEN_PID_DIR/server.rank$LG_SERVER_RANK
-rm -f -- "$lg_rank_file.exit"
-printf '%s\n' "$LG_NODE" >"$lg_rank_file.node"
 case $LG_SERVER_RANK in
   0)
     setsid vllm serve Qwen/Qwen3-235B-A22B --dtype bfloat16 --tensor-parallel-size 8 --data-parallel-size 2 --enable-expert-parallel --nnodes 2 --master-addr "${LG_MASTER_ADDR}" --master-port "${LG_MASTER_PORT}" --data-parallel-rpc-port "${LG_DP_RPC_PORT}" --gpu-memory-utilization 0.9 --max-model-len 8192 --weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs --max-logprobs -1 --node-rank 0 --api-server-count 1 --host "${LG_SERVER_BIND}" --port "${LG_SERVER_PORT}" </dev/null &
@@ -1087,9 +1088,9 @@ kill -s KILL -- "-$lg_vllm" 2>/dev/null || true
 printf '%s\n' "$lg_rc" >"$lg_rank_file.exit"
 lg_log "server rank $LG_SERVER_RANK: vllm exited with status $lg_rc"
 exit "$lg_rc"
-LAUNCHGEN_EOF_44865630D9BE601B
+LAUNCHGEN_EOF_D55500B8D929CECE
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CCA0880B6ACF4D34'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_0F67A2C84F1E01D2'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
 The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
@@ -1176,10 +1177,12 @@ def _addr(host: str) -> str:
     return next((a for a in answers if not a.startswith("127.")), answers[0] if answers else host)
 
 
-def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int,
+def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int | dict[str, int],
                window: float = TCP_WINDOW_S) -> list[tuple[str, str]]:
     """Bind each (what, host, port) of `listen`, connect to each of `reach` until it answers or the window ends,
-    and keep accepting until `expect` peers connected to each listener (or the window ends). -> failures."""
+    and keep accepting until `expect` peers (or `expect[what]`) connected to each listener (or the window
+    ends). -> failures."""
+    need = expect if isinstance(expect, dict) else {what: expect for what, _, _ in listen}
     failures: list[tuple[str, str]] = []
     servers: list[tuple[str, socket.socket]] = []
     for what, host, port in listen:
@@ -1199,7 +1202,7 @@ def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, i
     deadline = time.monotonic() + window
     pending = list(reach)
     accepted = {what: 0 for what, _ in servers}
-    while time.monotonic() < deadline and (pending or any(accepted[w] < expect for w, _ in servers)):
+    while time.monotonic() < deadline and (pending or any(accepted[w] < need.get(w, 0) for w, _ in servers)):
         for what, s in servers:
             try:
                 while True:
@@ -1531,23 +1534,34 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     trainers = [n for n in record["nodes"] if "trainer" in n["roles"]]
     listen: list[tuple[str, str, int]] = []
     reach: list[tuple[str, str, int]] = []
-    expect = 0
+    expect: dict[str, int] = {}
+    replicas = [r["positions"] for r in (record.get("server") or {}).get("replicas") or []]
     for port in record["ports"]:
         host = names[port["host_position"]]
         if port["name"] == "server_http":
             server_host = record.get("server_host") or host
             if port["host_position"] == me["position"]:
-                listen.append((f"vllm.port (server_http, {port['spec_path']})", server_host, port["value"]))
-                expect = max(expect, len(trainers))
+                what = f"vllm.port (server_http, {port['spec_path']})"
+                listen.append((what, server_host, port["value"]))
+                expect[what] = len(trainers)
             if "trainer" in me["roles"]:
                 reach.append((f"the server's HTTP port ({port['spec_path']})", server_host, port["value"]))
         elif port["name"] == "group":
             if port["host_position"] == me["position"] and "trainer" in me["roles"]:
-                listen.append((f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})",
-                               host, port["value"]))
-                expect = max(expect, len(servers))
+                what = f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(servers)
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
+        elif port["name"] == "master":
+            # a replica over several nodes: vLLM's rendezvous on its first node, which its other nodes join
+            members: list[int] = next((r for r in replicas if r and r[0] == port["host_position"]), [])
+            if port["host_position"] == me["position"]:
+                what = f"vllm.master_port (vLLM's rendezvous on the replica's rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(members) - 1
+            elif me["position"] in members:
+                reach.append((f"the replica's rank 0 rendezvous ({port['spec_path']})", host, port["value"]))
     # the server probe reads metadata (~0.1 s), or imports vLLM for `serve --help=all` where the flag table has no
     # row (10-50 s): either way it runs while the TCP probes wait for their peers
     server: list[tuple[list[tuple[str, str]], list[str], str]] = []
@@ -1602,7 +1616,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-LAUNCHGEN_EOF_CCA0880B6ACF4D34
+LAUNCHGEN_EOF_0F67A2C84F1E01D2
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_1E8FD37639578632'
 {

@@ -98,3 +98,33 @@ def test_a_killed_headless_rank_ends_the_job_naming_it(cluster: Cluster, jobs: l
     # the supervisor polls every few seconds, then stops the trainer (its checkpoint grace) and the other rank
     assert after <= 90, f"job ended {after:.0f} s after the kill\n{j.describe()}"
     assert_no_survivors(cluster, j, within=30)
+
+
+def test_a_rank_that_never_joins_fails_the_job_at_the_health_timeout_naming_it(
+        cluster: Cluster, jobs: list[Job], real_venv: Path, real_model: Path, prompts_file: Path) -> None:
+    """Rank 1's step hangs in its setup lines (a stuck `module load`, a dead file system): its vllm never starts,
+    and rank 0 waits in vLLM's rendezvous without end (measured: 9+ minutes, no error). The supervisor ends the job
+    at vllm.health_timeout naming rank 1 and its node, not only rank 0's silence."""
+    work = _work(cluster, "real-vllm-two-node-no-join")
+    spec = _two_node_spec(cluster, work, real_venv, real_model, prompts_file, "lg-real-2node-nojoin", port=18760,
+                          max_steps=50)
+    timeout = 150  # rank 0 reaches its rendezvous in 30-60 s on the shared 2-core machine
+    spec["vllm"]["health_timeout"] = timeout
+    spec["slurm"]["setup"].append(
+        'read -r -a lg_hold <<<"$LG_SERVER_NODES"; [[ $0 != */steps/server.sh || $LG_NODE != "${lg_hold[1]}" ]] '
+        "|| sleep 3600")
+    j = run_job(cluster, spec, work)
+    jobs.append(j)
+    rec = j.wait(timeout + 240)
+    assert state(rec) == "FAILED" and exit_code(rec)[0] != 0, j.describe()
+    node_file = next(j.job_dir.rglob("server.rank1.node"), None)
+    assert node_file is not None, j.describe()
+    node = node_file.read_text().strip()
+    batch = j.batch_log()
+    want = f"server rank 1 on node {node} did not join the engine after {timeout} s; its log: "
+    assert want in batch, batch[-4000:]
+    events = (j.job_dir / "logs" / "attempt-0" / "events.log").read_text()
+    assert f"server_failed health_timeout rank=1 node={node}" in events, events
+    rank0 = next(t for t in _server_logs(j).values() if "server rank 0 on" in t)
+    assert "world_size=2 rank=0" in rank0  # rank 0 itself reached the rendezvous and waited there
+    assert_no_survivors(cluster, j, within=30)
