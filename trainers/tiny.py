@@ -102,8 +102,7 @@ def build_tiny_model(
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
-                                                   moe_intermediate_size=hidden_size, decoder_sparse_step=1,
-                                                   head_dim=hidden_size // num_heads))
+                                                   moe_intermediate_size=hidden_size, decoder_sparse_step=1))
     else:
         raise ValueError(f"unknown arch {arch!r} (qwen2, llama or qwen3_moe)")
     model.generation_config.eos_token_id = tok.eos_token_id
