@@ -32,7 +32,7 @@ With several specs and --format json, stdout is one object {"ok": ..., "specs": 
 Examples:
   launchgen check topology.yaml
   launchgen check a.yaml b.yaml               # several at once
-  launchgen init - | launchgen check -        # from stdin
+  launchgen init - | launchgen check --no-files -   # stdin, no data yet
   launchgen check topology.yaml --strict      # warnings fail too (CI)
   launchgen check topology.yaml --live        # and sinfo, nvidia-smi, pip
   launchgen check topology.yaml --no-files    # the spec alone, no data

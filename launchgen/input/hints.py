@@ -102,8 +102,17 @@ def list_fix(error: dict[str, Any]) -> str | None:
         items = [str(i) for i in range(int(m[1]), int(m[2]) + 1)]
     elif isinstance(value, str) and re.fullmatch(r"\s*\w+(\s*,\s*\w+)*\s*,?\s*", value):
         items = [w.strip() for w in value.split(",") if w.strip()]
+    elif isinstance(value, str) and len(words := value.split()) > 1:  # a command line (script_args): its words
+        return f"Write a YAML list, one item per word: `[{', '.join(words)}]`."
     example = f"[{', '.join(items)}]" if items else "[0, 1, 2, 3]"
     return f"Write a YAML list, one item per entry: `{example}` (a range like `0-3` is not expanded)."
+
+
+def value_fix(error: dict[str, Any]) -> str | None:
+    """The fix a validator knew from the value (`fields.FixedValueError`)."""
+    raised = (error.get("ctx") or {}).get("error")
+    fix = getattr(raised, "fix", None)
+    return fix if isinstance(fix, str) else None
 
 
 def _kind(value: Any) -> str:

@@ -92,6 +92,8 @@ def issues_from_validation(
             fix = hints.choice_fix(dict(e)) or fix
         elif e["type"] == "list_type":
             fix = hints.list_fix(dict(e)) or fix
+        elif e["type"] == "value_error":
+            fix = hints.value_fix(dict(e)) or fix
         if e["type"] not in ("missing", *_NO_GOT) and "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         issues.append(Issue(code, dotted(loc), msg, fix, "error", line_of(lines, loc), file))

