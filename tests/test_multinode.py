@@ -125,3 +125,13 @@ train: {nodes: 1, device: cpu, precision: fp32, args: {data: {path: d.jsonl}}}
     bad = text.replace("tensor_parallel_size: 2", "tensor_parallel_size: 4")
     _, issues = run_checks(load_spec_text(bad, "t.yaml"), env={})
     assert [(i.code, i.path) for i in issues if i.severity == "error"] == [("LG915", "vllm.tensor_parallel_size")]
+
+
+def test_status_reads_the_failed_rank_and_its_node_from_the_event() -> None:
+    from launchgen.readback.jobfiles import parse_events_text
+
+    (ev,) = parse_events_text("2026-12-06T08:34:25Z server_failed exit=137 rank=1 node=node3\n", 0)
+    assert (ev.role, ev.node, ev.exit_code) == ("server", "node3", 137)  # status shows node3's log, not rank 0's
+    assert ev.message == "server rank 1 on node node3 exited (137)"
+    (ev,) = parse_events_text("2026-12-06T08:39:49Z server_failed health_timeout rank=1 node=node3\n", 0)
+    assert ev.node == "node3" and ev.message == "server rank 1 on node node3 never joined the engine"

@@ -115,7 +115,9 @@ def _event_from_line(e: J.EventLine, attempt: int | None) -> Event:
     name, role, extra = meaning(e) if meaning else (e.name, None, {})
     raw: dict[str, Any] = {"event": name, "ts": e.text.split()[0], "role": role, "attempt": attempt,
                            "text": e.text, **e.fields, **{k: v for k, v in extra.items() if v is not None}}
-    return Event(ts=e.ts, event=name, role=role, node=None, attempt=attempt, exit_code=_as_int(raw.get("exit_code")),
+    # a multi-node server's failure names its rank's node (server_failed ... node=<name>): that node's log explains it
+    return Event(ts=e.ts, event=name, role=role, node=_str_or_none(e.fields.get("node")), attempt=attempt,
+                 exit_code=_as_int(raw.get("exit_code")),
                  signal=_str_or_none(raw.get("signal")), message=_str_or_none(raw.get("message")), raw=raw)
 
 
