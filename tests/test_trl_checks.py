@@ -85,6 +85,25 @@ def test_the_plan_embeds_the_run_config_with_what_the_topology_owns() -> None:
     assert plan.trainer.module == "launchgen.trainers.trl"
 
 
+def test_auto_checkpointing_gives_trl_its_configs_value_else_trls_default() -> None:
+    """launchgen does not estimate TRL's trainers: under `auto` (the default) a TRL config's own
+    gradient_checkpointing is kept, else TRL 1.16's default (on); a spec value is written as today."""
+    server = {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4}
+
+    def written(train: dict[str, Any]) -> Any:
+        text = _spec({"args": {"data": {"path": "d.jsonl"}}, **train}, server)
+        assert [i for i in _issues(text) if i.severity == "error"] == []
+        return yaml.safe_load(build_plan(load_spec_text(text, "spec.yaml")).trainer.config_yaml)["args"][
+            "gradient_checkpointing"]
+
+    assert written({}) is True
+    assert written({"args": {"data": {"path": "d.jsonl"}, "gradient_checkpointing": False}}) is False
+    assert written({"gradient_checkpointing": False}) is False
+    both = _issues(_spec({"gradient_checkpointing": True,
+                          "args": {"data": {"path": "d.jsonl"}, "gradient_checkpointing": False}}, server))
+    assert [i.path for i in both if i.code == "LG921"] == ["train.args.gradient_checkpointing"]
+
+
 def test_script_checks_read_the_file(tmp_path: Path) -> None:
     missing = _issues(_spec({"script": str(tmp_path / "nope.py")}), files=True)
     assert [i.path for i in missing if i.code == "LG922"] == ["train.script"]

@@ -44,6 +44,8 @@ MAY_CHANGE: tuple[str, ...] = (
     "generation.keep_kv_cache",  # memory only (its default changed from true to lend)
     "memory_budget_gib",  # memory only, like the knobs it sets
     "model.logits_chunk_mib",  # memory only: the same log-probs tile by tile (memory_budget_gib may set it)
+    # compute only: the same gradient, activations recomputed or kept (auto may decide otherwise on another GPU)
+    "model.gradient_checkpointing",
     "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational
 )
 #: Key of the recorded config in a checkpoint's trainer_state.json.

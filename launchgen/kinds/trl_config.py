@@ -80,6 +80,16 @@ def _or_skip(value: Any) -> Any:
     return SKIP if value is None else value
 
 
+def _checkpointing(t: Topology) -> bool:
+    """TRL has no `auto`, and launchgen does not estimate TRL's trainers: under `auto` the TRL config's own value
+    (a config carried over as it is), else TRL's default, on."""
+    value = t.spec.train.gradient_checkpointing
+    if value != "auto":
+        return value
+    user = t.spec.train.args.get("gradient_checkpointing")
+    return user if isinstance(user, bool) else True
+
+
 _VLLM_MODES = ("server", "colocate")
 _RESOLVED = "vllm.port / vllm.bind (the job resolves the server's address at run time)"
 
@@ -91,7 +101,7 @@ TRL_OWNED: tuple[TrlOwned, ...] = (
     TrlOwned("bf16", "train.precision", lambda t: _PRECISION[t.precision][0]),
     TrlOwned("fp16", "train.precision", lambda t: _PRECISION[t.precision][1]),
     TrlOwned("use_liger_kernel", "train.use_liger_kernel", lambda t: t.spec.train.use_liger_kernel),
-    TrlOwned("gradient_checkpointing", "train.gradient_checkpointing", lambda t: t.spec.train.gradient_checkpointing),
+    TrlOwned("gradient_checkpointing", "train.gradient_checkpointing", _checkpointing),
     TrlOwned("trust_remote_code", "model.trust_remote_code", lambda t: t.spec.model.trust_remote_code),
     TrlOwned("model_init_kwargs.trust_remote_code", "model.trust_remote_code",
              lambda t: t.spec.model.trust_remote_code),

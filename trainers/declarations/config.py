@@ -75,7 +75,12 @@ class ModelSection(_Strict):
         "trainer's chunked log-prob head (TRL 1.16 also uses a chunked head; Liger's walks the batch one sequence at "
         "a time and is ~4x slower at 151k vocab).",
     )
-    gradient_checkpointing: bool = Field(default=False, description="Trade compute for activation memory.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Trade compute for activation memory. `auto`: on when the memory estimate of the training peak "
+        "without it exceeds 90 % of the GPU (or memory_budget_gib), decided at start and logged; an out-of-memory "
+        "in the first step then retries that step once with it on.",
+    )
     logits_chunk_mib: int = Field(
         default=256, ge=1,
         description="fp32 logits per chunk of the log-prob head (the vocab x length logits are never whole; each chunk "
