@@ -18,7 +18,6 @@ from launchgen.cli import main
 from launchgen.shared.estimate import (
     GIB,
     MARGIN,
-    ModelShape,
     TrainerSetup,
     allocated_gib,
     gpu_memory_gib,
@@ -29,6 +28,7 @@ from launchgen.shared.estimate import (
     trainer_alternatives,
     trainer_estimate,
 )
+from launchgen.shared.modelshape import ModelShape
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "multi-node-70b.yaml"

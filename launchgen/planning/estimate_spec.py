@@ -13,7 +13,6 @@ from launchgen.shared.estimate import (
     DTYPE_BYTES,
     LINK_GB_PER_S,
     CheckpointChoice,
-    ModelShape,
     RoleEstimate,
     SyncEstimate,
     TrainerSetup,
@@ -25,6 +24,7 @@ from launchgen.shared.estimate import (
     sync_bytes,
     trainer_estimate,
 )
+from launchgen.shared.modelshape import ModelShape
 from launchgen.shared.precision import server_dtype
 from launchgen.trainers.declarations import memory_setup
 from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
