@@ -3,8 +3,11 @@ tests/slurm/test_preflight_slurm.py; the --bash ones: test_render_faults.py)."""
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +23,41 @@ def _free_port() -> int:
 def test_tcp_probes_both_ways_pass_when_each_end_listens_and_reaches() -> None:
     port = _free_port()
     assert A.tcp_probes([("group", "127.0.0.1", port)], [("group", "127.0.0.1", port)], expect=1, window=5) == []
+
+
+def test_each_listener_waits_for_its_own_peers_only() -> None:
+    """A multi-node server's rank 0 listens for its trainers (4) and for the replica's other node (1): the second
+    listener is done after one peer, and with every peer in, the probe ends at once instead of at its window."""
+    http, master = _free_port(), _free_port()
+    start = time.monotonic()
+    failures = A.tcp_probes([("http", "127.0.0.1", http), ("master", "127.0.0.1", master)],
+                            [("master", "127.0.0.1", master)], expect={"http": 0, "master": 1}, window=8)
+    assert failures == [] and time.monotonic() - start < 4
+
+
+def test_multi_node_replica_rank0_listens_on_the_master_port_and_the_other_node_reaches_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from render_cases import plan_for
+
+    record = json.loads(json.dumps(plan_for("pp-two-node-server").to_json()))
+    record["scheduler"] = "sbatch"
+    for p in record["ports"]:
+        p["value"] = p["base"]
+    for n in record["nodes"]:
+        n["name"] = f"node{n['position']}"
+    seen: dict[str, tuple[list[Any], list[Any]]] = {}
+    current = ""
+
+    def fake(listen: list[Any], reach: list[Any], expect: Any, window: float = 0) -> list[Any]:
+        seen[current] = (listen, reach)
+        return []
+
+    monkeypatch.setattr(A, "tcp_probes", fake)
+    monkeypatch.setattr(A, "server_probe", lambda cmd, facts: ([], [], ""))
+    for current in ("node8", "node9"):
+        A.node_probes(record, current, "m", {}, {})
+    assert any("vllm.master_port" in w and port == 29552 for w, _, port in seen["node8"][0])
+    assert any("rendezvous" in w and host == "node8" and port == 29552 for w, host, port in seen["node9"][1])
 
 
 def test_a_port_held_by_another_process_is_pf101_and_an_unreachable_one_pf102() -> None:

@@ -90,10 +90,12 @@ def _addr(host: str) -> str:
     return next((a for a in answers if not a.startswith("127.")), answers[0] if answers else host)
 
 
-def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int,
+def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int | dict[str, int],
                window: float = TCP_WINDOW_S) -> list[tuple[str, str]]:
     """Bind each (what, host, port) of `listen`, connect to each of `reach` until it answers or the window ends,
-    and keep accepting until `expect` peers connected to each listener (or the window ends). -> failures."""
+    and keep accepting until `expect` peers (or `expect[what]`) connected to each listener (or the window
+    ends). -> failures."""
+    need = expect if isinstance(expect, dict) else {what: expect for what, _, _ in listen}
     failures: list[tuple[str, str]] = []
     servers: list[tuple[str, socket.socket]] = []
     for what, host, port in listen:
@@ -113,7 +115,7 @@ def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, i
     deadline = time.monotonic() + window
     pending = list(reach)
     accepted = {what: 0 for what, _ in servers}
-    while time.monotonic() < deadline and (pending or any(accepted[w] < expect for w, _ in servers)):
+    while time.monotonic() < deadline and (pending or any(accepted[w] < need.get(w, 0) for w, _ in servers)):
         for what, s in servers:
             try:
                 while True:
@@ -503,23 +505,34 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     trainers = [n for n in record["nodes"] if "trainer" in n["roles"]]
     listen: list[tuple[str, str, int]] = []
     reach: list[tuple[str, str, int]] = []
-    expect = 0
+    expect: dict[str, int] = {}
+    replicas = [r["positions"] for r in (record.get("server") or {}).get("replicas") or []]
     for port in record["ports"]:
         host = names[port["host_position"]]
         if port["name"] == "server_http":
             server_host = record.get("server_host") or host
             if port["host_position"] == me["position"]:
-                listen.append((f"vllm.port (server_http, {port['spec_path']})", server_host, port["value"]))
-                expect = max(expect, len(trainers))
+                what = f"vllm.port (server_http, {port['spec_path']})"
+                listen.append((what, server_host, port["value"]))
+                expect[what] = len(trainers)
             if "trainer" in me["roles"]:
                 reach.append((f"the server's HTTP port ({port['spec_path']})", server_host, port["value"]))
         elif port["name"] == "group":
             if port["host_position"] == me["position"] and "trainer" in me["roles"]:
-                listen.append((f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})",
-                               host, port["value"]))
-                expect = max(expect, len(servers))
+                what = f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(servers)
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
+        elif port["name"] == "master":
+            # a replica over several nodes: vLLM's rendezvous on its first node, which its other nodes join
+            members: list[int] = next((r for r in replicas if r and r[0] == port["host_position"]), [])
+            if port["host_position"] == me["position"]:
+                what = f"vllm.master_port (vLLM's rendezvous on the replica's rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(members) - 1
+            elif me["position"] in members:
+                reach.append((f"the replica's rank 0 rendezvous ({port['spec_path']})", host, port["value"]))
     # the server probe reads metadata (~0.1 s), or imports vLLM for `serve --help=all` where the flag table has no
     # row (10-50 s): either way it runs while the TCP probes wait for their peers
     server: list[tuple[list[tuple[str, str]], list[str], str]] = []
