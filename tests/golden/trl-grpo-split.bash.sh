@@ -1484,22 +1484,30 @@ lg_failed_trainer_log() {
 LG_HEALTH_URL="http://$LG_SERVER_HOST:$LG_SERVER_PORT/health"
 LG_HEALTHY=0
 LG_LAST_OK=0
+LG_PROBE_FAILS=0
 LG_HEALTH_DEADLINE=$((SECONDS + 900))
-# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s, 2 when it
-# answers another status (vLLM's /health says 503 once its engine died), else no answer. Bash's own /dev/tcp in a child
-# bash, not python3: it runs for every replica every poll; `timeout` also bounds the connect, which bash cannot
-# (a node that drops packets would hold the loop for the kernel's SYN retries)
+# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s; 2 when it answers
+# another status (vLLM's /health says 503 once its engine died) or its port refuses the connection while the step
+# lives (vLLM's watchdog then makes uvicorn close the listener, and the process waits for the requests in flight);
+# else no answer. Bash's own /dev/tcp in a child bash, not python3: it runs for every replica every poll;
+# `timeout` also bounds the connect, which bash cannot (a node that drops packets would hold the loop for the
+# kernel's SYN retries). LC_ALL=C: a refusal is told by bash's error message, in strerror's English words.
 lg_healthy() {
   local rest=${1#http://}
   local hostport=${rest%%/*}
-  local host=${hostport%:*}
+  local host=${hostport%:*} said rc=0
   host=${host#[}
   # shellcheck disable=SC2016  # the child bash expands them, from its arguments
-  timeout 5 bash -c '
+  said=$(LC_ALL=C timeout 5 bash -c '
+    exec 2>&1
     exec 3<>"/dev/tcp/$1/$2" || exit 1
     printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
     read -r _ code _ <&3 || exit 1
-    [[ ${code%[[:space:]]} == 200 ]] || exit 2' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null
+    [[ ${code%[[:space:]]} == 200 ]] || exit 2' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null) || rc=$?
+  if ((rc == 1)) && [[ $said == *"Connection refused"* ]]; then
+    rc=2
+  fi
+  return "$rc"
 }
 lg_fail() {
   lg_event "server_failed $1"
@@ -1542,6 +1550,12 @@ while :; do
     elif ((LG_RC != 0)); then
       LG_TRAINER_FAILED=1
     fi
+    if ((LG_PROBE_FAILS > 0)); then
+      # its last probes failed (a dead engine's API server ignores TERM while a request is open): the short grace
+      # of a failed server, not the 30 s of a healthy one
+      lg_stop "$LG_SERVER_PID" "vLLM server" server 5
+      LG_SERVER_PID=""
+    fi
     break
   fi
   if ((LG_HEALTHY == 0)); then
@@ -1563,10 +1577,12 @@ while :; do
     if ((LG_PROBE_RC == 0)); then
       LG_LAST_OK=$SECONDS
       LG_PROBE_FAILS=0
-    elif ((LG_PROBE_RC == 2)) && ((LG_PROBE_FAILS += 1, LG_PROBE_FAILS >= 3)); then
+    elif ((LG_PROBE_RC == 2 || LG_PROBE_FAILS > 0)) && ((LG_PROBE_FAILS += 1, LG_PROBE_FAILS >= 3)); then
       # it says it is unhealthy: vLLM's /health answers 503 from the moment its engine dies, while the API server
-      # can live on (uvicorn waits for the requests in flight) and the trainer's request would wait for a timeout
-      lg_fail "unhealthy" "the vLLM server answered $LG_HEALTH_URL with an error status 3 probes in a row during training (vLLM: its engine died); see $LG_SERVER_LOG"
+      # can live on (uvicorn waits for the requests in flight) and the trainer's request would wait for a timeout.
+      # After that first error answer, a probe that gets no answer counts too: within 5 s vLLM's watchdog closes
+      # the port (refused) or the API server hangs, and neither may wait for the silence bound below
+      lg_fail "unhealthy" "the vLLM server answered $LG_HEALTH_URL with an error status, refused or ignored it 3 probes in a row during training (vLLM: its engine died); see $LG_SERVER_LOG"
       LG_FINISHED=1
       lg_stop_all server_failed
       LG_RC=1

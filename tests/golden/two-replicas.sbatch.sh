@@ -1805,21 +1805,28 @@ LG_PROBE_FAILS=0
 LG_HEALTH_DEADLINE_R1=$LG_HEALTH_DEADLINE
 LG_RESTARTS_R1=0
 LG_PROBE_FAILS_R1=0
-# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s, 2 when it
-# answers another status (vLLM's /health says 503 once its engine died), else no answer. Bash's own /dev/tcp in a child
-# bash, not python3: it runs for every replica every poll; `timeout` also bounds the connect, which bash cannot
-# (a node that drops packets would hold the loop for the kernel's SYN retries)
+# one probe: 0 when URL ($1, http://host:port/path) answers 200 within 5 s; 2 when it answers
+# another status (vLLM's /health says 503 once its engine died) or its port refuses the connection while the step
+# lives (vLLM's watchdog then makes uvicorn close the listener, and the process waits for the requests in flight);
+# else no answer. Bash's own /dev/tcp in a child bash, not python3: it runs for every replica every poll;
+# `timeout` also bounds the connect, which bash cannot (a node that drops packets would hold the loop for the
+# kernel's SYN retries). LC_ALL=C: a refusal is told by bash's error message, in strerror's English words.
 lg_healthy() {
   local rest=${1#http://}
   local hostport=${rest%%/*}
-  local host=${hostport%:*}
+  local host=${hostport%:*} said rc=0
   host=${host#[}
   # shellcheck disable=SC2016  # the child bash expands them, from its arguments
-  timeout 5 bash -c '
+  said=$(LC_ALL=C timeout 5 bash -c '
+    exec 2>&1
     exec 3<>"/dev/tcp/$1/$2" || exit 1
     printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1" >&3
     read -r _ code _ <&3 || exit 1
-    [[ ${code%[[:space:]]} == 200 ]] || exit 2' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null
+    [[ ${code%[[:space:]]} == 200 ]] || exit 2' lg_healthy "${host%]}" "${hostport##*:}" "/${rest#*/}" 2>/dev/null) || rc=$?
+  if ((rc == 1)) && [[ $said == *"Connection refused"* ]]; then
+    rc=2
+  fi
+  return "$rc"
 }
 lg_fail() {
   lg_event "server_failed $1"
