@@ -102,7 +102,7 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG105", {"vllm": {"gpus": list(range(8)), "tensor_parallel_size": 8}}, "vllm.gpus", "gpus:", 1, "error"),
     ("LG106", {"train": {"gpus": [4, 5]}}, "train.gpus", "gpus:", 2, "info"),
     ("LG107", {"vllm": {"nodes": 1}}, "vllm.gpus", "gpus:", 1, "warning"),
-    ("LG108", {"vllm": {"nodes": 16384}, "train": {"nodes": 2}}, "vllm.nodes", "nodes:", 1, "error"),
+    ("LG108", {"vllm": {"nodes": 65536}, "train": {"nodes": 2}}, "vllm.nodes", "nodes:", 1, "error"),
     ("LG903", {"vllm": {"nodes": 1, "gpus": []}}, "vllm.gpus", "gpus:", 1, "error"),
     ("LG908", {"vllm": DELETE, "train": {"device": "cpu", "gpus": [0]}}, "train.gpus", "gpus:", 1, "error"),
     ("LG201", {"vllm": {"tensor_parallel_size": 2}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1,

@@ -117,8 +117,7 @@ def idle_server_node_gpus(ctx: Ctx) -> Iterator[Issue]:
 
 
 _doc("LG108", "error", f"train.nodes + vllm.nodes is more than {MAX_NODES:,} nodes, the most one job plans.",
-     "Use fewer nodes: a larger job costs `check`, `plan` and `render` time and memory linear in its nodes and "
-     "its script would pass SLURM's default 4 MB max_script_size (launchgen.input.bounds).")
+     "Use fewer nodes (no real allocation comes near it; launchgen.input.bounds).")
 
 
 @check("LG108")
