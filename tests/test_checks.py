@@ -394,9 +394,9 @@ def test_every_check_code_is_documented_and_tested() -> None:
     # LG005 (an empty `vllm:`) is tested in test_input_yaml.py: the case table cannot write a blank value;
     # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
     # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
-    # LG923 reads the script (the files stage): tests/test_trl_checks.py
+    # LG923 reads the script (the files stage): tests/test_trl_checks.py; LG813/LG814 beside LG809
     tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342",
-                                      "LG923"}
+                                      "LG923", "LG813", "LG814"}
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 

@@ -23,6 +23,7 @@ from launchgen.input.fields import (
     MemSize,
     OneLine,
     SbatchValue,
+    SlurmRelease,
     Version,
     bind_address,
     one_line,
@@ -108,6 +109,12 @@ class SlurmSection(_Section):
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
     gpu_type: GresType | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
+    version: SlurmRelease | None = Field(
+        default=None,
+        description="The cluster's Slurm release (`sbatch --version`, e.g. `23.11`): `check` refuses "
+        "extra_directives options it lacks. Unset: `check --live` asks sbatch, else options newer than 22.05 are "
+        "warned about.",
+    )
     cpus_per_task: int | None = Field(default=None, ge=1, le=bounds.MAX_CPUS_PER_TASK, description="`--cpus-per-task` for each step's task. Unset with "
                                         "`exclusive: false`: the most processes a node runs (its vLLM GPUs plus its "
                                         "trainer processes), so a shared node holds a CPU for each.")
