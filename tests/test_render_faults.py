@@ -78,6 +78,27 @@ def test_sigkill_of_the_script_leaves_no_step_running_and_status_says_so(tmp_pat
     assert "exit 137" in st.stdout and "watcher" in st.stdout, st.stdout
 
 
+def test_a_sigkilled_script_that_its_parent_does_not_reap_still_has_its_steps_stopped(tmp_path: Path) -> None:
+    """Issue 37: the watcher's `kill -0` succeeds on a zombie, so a SIGKILLed script whose parent had not reaped
+    it (a supervisor of its own, a shell busy elsewhere) left both steps running. It reads the script's state."""
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(max_steps=100000)))
+    trainer = _wait_training(tmp_path, proc)
+    server = _server_pid(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)  # not reaped until the end: the script stays a zombie meanwhile
+    try:
+        deadline = time.monotonic() + 20
+        while _alive(trainer) or _alive(server) or "exit status=137" not in _events(tmp_path):
+            assert time.monotonic() < deadline, f"trainer alive {_alive(trainer)}, server alive {_alive(server)}; " \
+                                                f"events:\n{_events(tmp_path)}"
+            time.sleep(0.2)
+        assert Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1].startswith("Z"), "the script was reaped"
+    finally:
+        proc.communicate(timeout=10)
+        for pid in (trainer, server):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_server_that_hangs_after_it_was_healthy_fails_the_job_within_the_health_timeout(tmp_path: Path) -> None:
     proc = _start(tmp_path, _write_script(tmp_path, _spec(health_timeout=8, max_steps=100000)))
     trainer = _wait_training(tmp_path, proc)

@@ -1286,12 +1286,20 @@ lg_on_usr2() {
 # The steps run in sessions of their own (setsid), so nothing would stop them if this script died without running
 # its traps (SIGKILL, the OOM killer). A watcher in a session of its own waits for this script to end; unless the
 # EXIT trap stopped the steps (it removes the list), it stops each step's process group (TERM, then KILL after
-# 30 s) and records the end the script could not.
+# 30 s) and records the end the script could not. The script has ended once it is a zombie too
+# (killed, its parent not reaping it yet): `kill -0` succeeds on one, so its state is read from /proc.
 LG_STEP_PGIDS=$LAUNCHGEN_PID_DIR/step-pgids
 : >"$LG_STEP_PGIDS"
 # shellcheck disable=SC2016  # the watcher's bash expands them, from its arguments
 setsid bash -c '
-  while kill -0 "$1" 2>/dev/null; do sleep 1; done
+  running() {
+    local stat
+    kill -0 "$1" 2>/dev/null || return 1
+    read -r stat <"/proc/$1/stat" 2>/dev/null || return 0
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+  }
+  while running "$1"; do sleep 1; done
   [[ -f $2 ]] || exit 0
   mapfile -t groups <"$2"
   for g in "${groups[@]}"; do kill -s TERM -- "-$g" 2>/dev/null; done
