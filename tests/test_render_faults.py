@@ -78,6 +78,26 @@ def test_sigkill_of_the_script_leaves_no_step_running_and_status_says_so(tmp_pat
     assert "exit 137" in st.stdout and "watcher" in st.stdout, st.stdout
 
 
+@pytest.mark.parametrize(("sig", "sender"), [(signal.SIGINT, "SIGINT (Ctrl-C)"),
+                                             (signal.SIGTERM, "SIGTERM (kill or a shutdown)"),
+                                             (signal.SIGKILL, "SIGKILL (SIGKILL or the OOM killer")])
+def test_status_of_a_signalled_bash_run_names_the_signals_sender(tmp_path: Path, sig: int, sender: str) -> None:
+    """Issue 37: without a scheduler, status said "scancel, the time limit or preemption" for Ctrl-C, TERM and
+    KILL of a --bash run."""
+    proc = _start(tmp_path, _write_script(tmp_path, _spec(max_steps=100000)))
+    _wait_training(tmp_path, proc)
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while "exit status=" not in _events(tmp_path):  # SIGKILL: the watcher records the end
+        assert time.monotonic() < deadline, _events(tmp_path)
+        time.sleep(0.2)
+    st = _status(tmp_path)
+    said = " ".join(st.stdout.split())  # lines wrap at 80 columns
+    assert f"received {sender}" in said, st.stdout
+    assert "scancel" not in said and "preemption" not in said, st.stdout
+
+
 def test_a_sigkilled_script_that_its_parent_does_not_reap_still_has_its_steps_stopped(tmp_path: Path) -> None:
     """Issue 37: the watcher's `kill -0` succeeds on a zombie, so a SIGKILLed script whose parent had not reaped
     it (a supervisor of its own, a shell busy elsewhere) left both steps running. It reads the script's state."""
