@@ -687,7 +687,7 @@ lg_log "ERROR: no command for server rank $LG_SERVER_RANK"
 exit 1
 LAUNCHGEN_EOF_0419B310D4159E89
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CCA0880B6ACF4D34'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_CA96F4E29A40FE29'
 """The in-allocation preflight: probes run on every node of the job before any model loads (issue 25).
 
 The job script writes this file's source into `$LG_JOB_DIR/steps/preflight.py` and runs it with the node's
@@ -717,6 +717,8 @@ ports with this attempt's values, the server's argv) and checks, on this node:
   config.json, or a snapshot in the HF cache);
 * PF108 where a role on this node asks for bf16 on GPUs, each of its GPUs has compute capability >= 8.0
   (`nvidia-smi`; without it, a note).
+* PF109 the model's config.json, where there is one, is a regular file; every file the probes read is opened
+  without blocking and read only where it is one (a FIFO would hold the step for its bound).
 
 Each node writes `preflight-<node>.json` into the attempt's log folder and prints one line per failure; it exits 0
 when everything passed, 3 otherwise. The codes are stable: `launchgen status` shows them.
@@ -730,6 +732,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -747,6 +750,7 @@ CODES = {
     "PF106": "the model is not readable offline (HF_HUB_OFFLINE is set)",
     "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
     "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
+    "PF109": "a file the spec names (the model's config.json) is not a regular file (a FIFO, a device, a directory)",
 }
 #: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
 EXIT_FAILED = 3
@@ -864,11 +868,7 @@ def server_python(exe: list[str]) -> str | None:
         return None
     if _PYTHON.fullmatch(os.path.basename(path)):
         return path
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(512).decode("utf-8", "replace")
-    except OSError:
-        return None
+    first = (_regular_text(Path(path), 512) or "").partition("\n")[0]
     words = first[2:].split() if first.startswith("#!") else []
     if words and os.path.basename(words[0]) == "env" and len(words) > 1:
         words = [shutil.which(words[1]) or ""]
@@ -1074,12 +1074,41 @@ def checkpoint_need(model: str, env: dict[str, str], per_param: int | None) -> t
         return size, "the model's weights"
     dtype = None
     try:
-        config = json.loads((d / "config.json").read_text())
+        config = json.loads(_regular_text(d / "config.json") or "")
         dtype = config.get("torch_dtype") or config.get("dtype")
-    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object
+    except (ValueError, AttributeError):  # no config.json (or not a file: PF109), not JSON, not an object
         pass
     params = size // _FILE_DTYPE_BYTES.get(str(dtype), 2)
     return params * per_param, f"~{params / 1e9:.2f} B parameters x {per_param} bytes of weights and AdamW state"
+
+
+def _regular_text(path: Path, limit: int = 1 << 20) -> str | None:
+    """The text of `path` where it is a regular file, else None. Opened without blocking and judged by fstat of
+    that descriptor: a FIFO where a file should be would otherwise hold the preflight for its 90 s bound."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit).decode("utf-8", "replace")
+
+
+def model_files(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
+    """PF109: the model's config.json is there but not a regular file (transformers and vLLM would block on a
+    FIFO or fail on a directory when they load it)."""
+    d = model_dir(model, env)
+    if d is None:
+        return []
+    try:
+        mode = os.stat(d / "config.json").st_mode
+    except OSError:
+        return []
+    if stat.S_ISREG(mode):
+        return []
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    return [("PF109", f"the model's {d / 'config.json'} is {kind}: loading the model would block or fail")]
 
 
 def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
@@ -1179,7 +1208,7 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     if "trainer" in me["roles"]:
         need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
         failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
-    failures += offline_model(model, env)
+    failures += offline_model(model, env) + model_files(model, env)
     return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
             "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}
 
@@ -1200,7 +1229,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-LAUNCHGEN_EOF_CCA0880B6ACF4D34
+LAUNCHGEN_EOF_CA96F4E29A40FE29
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_5CEE59A835B1D435'
 {
