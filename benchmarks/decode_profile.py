@@ -17,7 +17,8 @@ Variants: `old` = the engine as it was before this change (a copy of it importab
 `launchgen.trainers.generation.fast_generate_old`, where the session script puts it), `unstacked` = this engine
 with `stack_projections=False`, `new` = this engine's default, `autotune` = the default with inductor's GEMM
 autotuning (`max_autotune_gemm`) for the compiled layer, to see whether cuBLAS's choices for the skinny GEMMs are
-what limits the step.
+what limits the step, `flex` = the default with `decode_attention="flex"` (issue 39: FlexAttention's split-KV
+decoding kernel instead of SDPA with a mask).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from grpo_vs_trl import (
     Clock,
     build_tokenizer,
     copy_bandwidth_tb_s,
+    kv_floor_bytes,
     logprob_diff,
     make_prompts,
     prefix_agreement,
@@ -150,6 +152,8 @@ def run_variant(variant: str, model: Any, tok: Any, prompts: list[list[int]], ne
     kw: dict[str, Any] = {"compile_backend": a.compile_backend} if not clock.cuda else {}
     if variant == "unstacked":
         kw["stack_projections"] = False
+    if variant == "flex":
+        kw["decode_attention"] = "flex"
     if variant == "autotune":
         import torch._inductor.config as ic
 
@@ -258,17 +262,21 @@ def main(argv: list[str] | None = None) -> int:
         for name, c, t in row.get("top", []):
             print(f"    {t:8.1f} us/step {c:6.1f} x  {name}", flush=True)
     lines.append("")
-    lines.append("| variant | ms/step (median) | min | x floor | kernels/step | kernel ms/step | graphs | first call s | "
-                 "greedy agree (prefix) | logp |diff| mean/max |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("| variant | ms/step (median) | min | x floor W | floor W+KV ms | x W+KV | kernels/step | "
+                 "kernel ms/step | graphs | first call s | greedy agree (prefix) | logp |diff| mean/max |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     floor = head.get("floor_ms", float("nan"))
+    copy = head.get("copy_tb_s", float("nan"))
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['variant']} | ERROR {r['error'][:100]} |")
             continue
+        # the weights and the KV cache at the call's mean context (grpo_vs_trl.kv_floor_bytes)
+        kv_floor = floor + 1e3 * kv_floor_bytes(shape, a.prompts, a.prompt_len, r["steps"]) / (copy * 1e12)
         lines.append(
             f"| {r['variant']} ({r['decode_path_after']}) | {r['ms_per_step']:.3f} | {r['ms_per_step_min']:.3f} | "
-            f"{r['ms_per_step'] / floor:.2f} | {r.get('kernels_per_step', float('nan')):.0f} | "
+            f"{r['ms_per_step'] / floor:.2f} | {kv_floor:.3f} | {r['ms_per_step'] / kv_floor:.2f} | "
+            f"{r.get('kernels_per_step', float('nan')):.0f} | "
             f"{r.get('kernel_ms_per_step', float('nan')):.3f} | {r['graphs']} | {r['first_call_s']:.1f} | "
             f"{r.get('greedy_agree_prefix', float('nan')):.1f} | {r.get('logp_diff_mean', float('nan')):.3g}/"
             f"{r.get('logp_diff_max', float('nan')):.3g} |")

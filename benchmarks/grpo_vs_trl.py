@@ -8,11 +8,17 @@ Per configuration it runs, alternating which trainer goes first so clock/thermal
   * the training phase alone: the same fixed completions for both (generation replaced by a stub that returns
     them), so the step is scoring + the optimizer step on identical tokens;
   * a micro-benchmark of launchgen's FastGenerateBackend against the weights-read floor of one decode step.
+Every row (issue 39) also gives decode against two floors (the weights, and the weights plus the KV cache read
+at the batch's mean context, over the copy bandwidth measured here) and the training phase's model FLOPs
+utilisation (forward + backward + the checkpointed layers' recomputed forward, `train_flops`, over the training
+phase's time, against the card's dense bf16 datasheet peak; the measured matmul rate is in versions.json).
+launchgen runs at its default `gradient_checkpointing: auto` (the row's `ckpt` says what it chose; forced values
+as `--lg-variant`), TRL at its own default (on); `--budget-of-trl F` adds a launchgen row under
+`memory_budget_gib = F x` TRL's peak of the shape; `--train-trainers` picks the training-phase runs.
 All three configurations take ~11 minutes on an H200 (TRL's config-2 steps are ~25 s each), more than one device
 call allows: benchmarks/RESULTS.md gives the two invocations used. Every step is bracketed by device
 synchronisation; generate / score / train are split by wrapping each trainer's own functions. Peak memory is
-`torch.cuda.max_memory_allocated` reset at the start of each step. Gradient checkpointing is on for both by default
-(TRL 1.16's GRPOConfig default).
+`torch.cuda.max_memory_allocated` reset at the start of each step.
 
 Model: random-init Qwen2 with Qwen2.5 shapes, built in code and saved once; tokenizer: a byte-level BPE built in
 code whose merges make each " <letters>" word one token, so every prompt is exactly `--prompt-len` tokens for both
@@ -403,9 +409,10 @@ def launchgen_config(model_dir: Path, shape: Shape, data_path: Path, a: argparse
             "dtype": "bfloat16" if cuda else "float32",
             "attn_implementation": "sdpa",
             "use_liger_kernel": shape.liger,
-            "gradient_checkpointing": a.gradient_checkpointing == "on",
+            "gradient_checkpointing": {"auto": "auto", "on": True, "off": False}[a.lg_checkpointing],
         },
-        "data": {"path": str(data_path), "prompt_column": "prompt"},
+        # every prompt is exactly this long: the memory estimate behind `auto` then sees the real length
+        "data": {"path": str(data_path), "prompt_column": "prompt", "max_prompt_length": a.prompt_len},
         "rewards": [{"name": "grpo_vs_trl:digit_reward"}],
         "generation": {"backend": "hf", "max_completion_length": shape.completion, "temperature": 1.0},
         "num_generations": a.generations,
@@ -499,6 +506,10 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
         trainer.close()
     res = summarize(times, a.warmup)
     res["compiled_layers"] = bool(getattr(trainer, "compiled", False))
+    c = trainer.checkpointing
+    res["checkpointing"] = ("on" if c.on else "off") + (" (auto)" if c.auto else "") + (
+        ", after an OOM retry" if c.retried else "")
+    res["checkpointing_on"] = c.on
     res["overrides"] = list(overrides or [])
     if isinstance(backend, FastGenerateBackend):
         res["cuda_graphs"] = backend.use_cuda_graphs
@@ -509,6 +520,51 @@ def run_launchgen(model_dir: Path, shape: Shape, data_path: Path, a: argparse.Na
 
 
 # ------------------------------------------------------------------------------------- generation micro
+
+
+#: Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by the vendor's datasheet: H100 SXM and H200 alike.
+DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}
+
+
+def datasheet_tflops(gpu_name: str) -> float:
+    return next((v for k, v in DENSE_BF16_TFLOPS.items() if k in gpu_name), float("nan"))
+
+
+def matmul_tflops(clock: Clock, n: int = 8192) -> float:
+    """The bf16 matrix rate on random data (the measured ceiling beside the datasheet's)."""
+    import torch
+
+    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        x @ y
+    t = clock.now()
+    for _ in range(10):
+        x @ y
+    dt = (clock.now() - t) / 10
+    del x, y
+    return 2 * n**3 / dt / 1e12
+
+
+def kv_bytes_per_token(shape: Shape) -> int:
+    """bf16 K and V of one token over all layers."""
+    return 2 * shape.layers * shape.kv_heads * (shape.hidden // shape.heads) * 2
+
+
+def kv_floor_bytes(shape: Shape, rows: int, prompt_len: int, decode_steps: float) -> float:
+    """KV-cache bytes one decode step must read at the batch's mean context: rows x (prompt + (steps + 1) / 2)."""
+    return rows * (prompt_len + (decode_steps + 1) / 2) * kv_bytes_per_token(shape)
+
+
+def train_flops(shape: Shape, rows: int, seq: int, checkpointing: bool) -> float:
+    """Model FLOPs of one training phase over `rows` sequences of `seq` tokens: forward (linear layers, the LM
+    head, causal attention) + backward (2x) + with checkpointing the decoder layers' recomputed forward."""
+    h, hd = shape.hidden, shape.hidden // shape.heads
+    q, kv = shape.heads * hd, shape.kv_heads * hd
+    linear = 2 * h * q + 2 * h * kv + 3 * h * shape.intermediate  # q, o, k, v; gate, up, down
+    layers = rows * shape.layers * (2 * seq * linear + 2 * seq * seq * q)  # causal QK^T and AV: S^2/2 each x 2 x 2
+    head = rows * 2 * seq * shape.vocab * h
+    return 3 * (layers + head) + (layers if checkpointing else 0)
 
 
 def copy_bandwidth_tb_s(clock: Clock) -> float:
@@ -627,6 +683,23 @@ def bench_generation(model_dir: Path, shape: Shape, a: argparse.Namespace) -> di
 # ------------------------------------------------------------------------------------------------- main
 
 
+def derive(row: dict[str, Any], shape: Shape, a: argparse.Namespace, copy_tb_s: float, peak_tflops: float
+           ) -> None:
+    """The row's distance to the hardware: decode against the weights and the weights+KV floors, training-phase
+    MFU against the dense bf16 peak."""
+    if "error" in row:
+        return
+    n = a.prompts * a.generations
+    width = row["decode_steps"] or shape.completion
+    if copy_tb_s:
+        row["kv_floor_ms"] = row["floor_ms"] + 1e3 * kv_floor_bytes(shape, n, a.prompt_len, width) / (copy_tb_s * 1e12)
+    ckpt = row.get("checkpointing_on", a.gradient_checkpointing == "on")
+    row["train_tflop"] = train_flops(shape, n, a.prompt_len + int(width), ckpt) / 1e12
+    if row["train_s"] > 0:
+        row["train_tflops"] = row["train_tflop"] / row["train_s"]
+        row["mfu"] = row["train_tflops"] / peak_tflops
+
+
 def versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -647,13 +720,16 @@ def versions() -> dict[str, str]:
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    hdr = ("| cfg | run | trainer | step s (median) | min-max | gen s | score s | train s | tok/s | ms/decode | "
-           "x floor | graph captures | peak GiB | LG/TRL speed | LG/TRL mem |")
-    lines = [hdr, "|" + "---|" * hdr.count("|")[:-1] if False else "|" + "---|" * (hdr.count("|") - 1)]
+    """One line per run: the step, its phases, decode against both floors, training-phase MFU, peak memory."""
+    hdr = ("| cfg | run | trainer | ckpt | step s (median) | min-max | gen s | score s | train s | MFU | tok/s | "
+           "ms/decode | floor W ms | x W | floor W+KV ms | x W+KV | graph captures | peak GiB | LG/TRL speed | "
+           "LG/TRL mem |")
+    lines = [hdr, "|" + "---|" * (hdr.count("|") - 1)]
     by = {(r["config"], r["mode"], r["trainer"]): r for r in rows if "error" not in r}
+    nan = float("nan")
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {r['mode']} | {r['trainer']} | ERROR: {r['error'][:80]} |")
+            lines.append(f"| {r['config']} | {r['mode']} | {r['trainer']} | ERROR: {' '.join(r['error'][:200].split())} |")
             continue
         other = by.get((r["config"], r["mode"], "trl"))
         speed = mem = ""
@@ -661,11 +737,14 @@ def fmt_table(rows: list[dict[str, Any]]) -> str:
             speed = f"{other['step_s'] / r['step_s']:.2f}x"
             if other["peak_mem_gib"] > 0:
                 mem = f"{r['peak_mem_gib'] / other['peak_mem_gib']:.2f}"
+        ckpt = r.get("checkpointing", "on" if r["trainer"] == "trl" else "-")
+        ms = r["ms_per_decode_step"]
         lines.append(
-            f"| {r['config']} | {r['mode']} | {r['trainer']} | {r['step_s']:.3f} | "
+            f"| {r['config']} | {r['mode']} | {r['trainer']} | {ckpt} | {r['step_s']:.3f} | "
             f"{r['step_min_s']:.3f}-{r['step_max_s']:.3f} | {r['generate_s']:.3f} | {r['score_s']:.3f} | "
-            f"{r['train_s']:.3f} | {r['tokens_per_s']:.0f} | {r['ms_per_decode_step']:.2f} | "
-            f"{r['ms_per_decode_step'] / r['floor_ms']:.2f} | {r.get('graph_captures', '-')} | "
+            f"{r['train_s']:.3f} | {r.get('mfu', nan):.1%} | {r['tokens_per_s']:.0f} | {ms:.2f} | "
+            f"{r['floor_ms']:.3f} | {ms / r['floor_ms']:.2f} | {r.get('kv_floor_ms', nan):.3f} | "
+            f"{ms / r.get('kv_floor_ms', nan):.2f} | {r.get('graph_captures', '-')} | "
             f"{r['peak_mem_gib']:.2f} | {speed} | {mem} |"
         )
     return "\n".join(lines)
@@ -688,7 +767,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="run launchgen once more per variant with these config overrides (repeatable), e.g. "
                         "'lean:max_tokens_per_forward=4096;model.logits_chunk_mib=64'; shown as launchgen[LABEL]")
     p.add_argument("--gradient-checkpointing", choices=["on", "off"], default="on",
-                   help="for both trainers (on is TRL 1.16's GRPOConfig default)")
+                   help="TRL's (on is TRL 1.16's GRPOConfig default)")
+    p.add_argument("--lg-checkpointing", choices=["auto", "on", "off"], default="auto",
+                   help="launchgen's model.gradient_checkpointing (auto: the product's default; forced values are "
+                        "also a variant away: --lg-variant 'gc-on:model.gradient_checkpointing=true')")
+    p.add_argument("--budget-of-trl", type=float, default=None, metavar="F",
+                   help="after TRL's full row of a shape, one launchgen row with memory_budget_gib = F x TRL's peak")
+    p.add_argument("--train-trainers", default=None,
+                   help="trainers (and variants) of the training-phase-alone mode (default: as --trainers)")
     p.add_argument("--gen-configs", default=None, help="configs that get the generation micro-benchmark (default: all)")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench"))
     p.add_argument("--workdir", default=None, help="models and trainer outputs (default: a temp dir)")
@@ -715,10 +801,16 @@ def main(argv: list[str] | None = None) -> int:
     for v in a.lg_variant:
         label, _, spec = v.partition(":")
         variants[f"launchgen[{label}]"] = [x for x in spec.split(";") if x]
-    trainers += list(variants)
+    trainers += [v for v in variants if a.train_trainers is None]
+    if a.train_trainers is not None:
+        a.train_trainers = ",".join(t if t in ("launchgen", "trl") else f"launchgen[{t}]"
+                                    for t in a.train_trainers.split(",") if t)
     flip = False
     copy_tb_s = copy_bandwidth_tb_s(Clock(True)) if device == "cuda" else 0.0
     vers["copy_tb_s"] = copy_tb_s
+    peak_tflops = datasheet_tflops(vers.get("gpu", ""))
+    vers["dense_bf16_tflops"] = peak_tflops
+    vers["matmul_tflops"] = matmul_tflops(Clock(True)) if device == "cuda" else float("nan")
     base_args = a
     for ci in [int(x) for x in base_args.configs.split(",")]:
         shape = CONFIGS[ci]
@@ -731,9 +823,22 @@ def main(argv: list[str] | None = None) -> int:
         data_path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in prompts))
         fixed = fixed_completions(a.prompts * a.generations, shape.completion, shape.vocab)
         for mode in [m for m in modes if m in ("full", "train")]:
-            order = trainers[::-1] if flip else trainers
+            these = trainers if mode == "full" or a.train_trainers is None else \
+                [t for t in a.train_trainers.split(",") if t]
+            order = these[::-1] if flip else these
             flip = not flip
+            if mode == "full" and a.budget_of_trl is not None and "trl" in order:
+                order = [t for t in order if t != "trl"]
+                order = ["trl", *order, "budget"]  # the budget row needs TRL's peak of this shape
             for trainer in order:
+                if trainer == "budget":
+                    trl_row = next((r for r in rows if r["config"] == ci and r["mode"] == mode
+                                    and r["trainer"] == "trl" and "error" not in r), None)
+                    if trl_row is None:
+                        continue
+                    gib = round(a.budget_of_trl * trl_row["peak_mem_gib"], 2)
+                    trainer = f"launchgen[budget {gib:g} GiB = {a.budget_of_trl:g}x TRL]"
+                    variants[trainer] = [f"memory_budget_gib={gib}"]
                 t0 = time.perf_counter()
                 row: dict[str, Any] = {"config": ci, "shape": shape.name, "mode": mode, "trainer": trainer,
                                        "floor_ms": floor_ms}
@@ -750,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["error"] = f"{type(e).__name__}: {e}"
                     traceback.print_exc()
                 row["wall_s"] = time.perf_counter() - t0
+                derive(row, shape, a, copy_tb_s, peak_tflops)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "all_steps_s"}), flush=True)
                 with (out / "results.jsonl").open("a") as f:

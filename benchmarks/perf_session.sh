@@ -11,6 +11,12 @@
 #   PART=lora15 bash benchmarks/perf_session.sh  # LoRA (compiled layers) vs full FT full steps at 1.5B, one process
 #   PART=one bash benchmarks/perf_session.sh     # both in one call (what ran, 2026-12-05: the device allowed one call):
 #       decode_profile old vs new at 3B, then the 3B, c3 and c1 rows
+#   PART=issue39a / PART=issue39b bash benchmarks/perf_session.sh  # issue 39, two calls on one warm machine:
+#       a: c1 (full), c3 and c1big (full + training phase alone); b: 3B (full + training phase alone), and
+#       decode_profile.py at 3B and c1big: the engine's default against decode_attention="flex".
+#       Full rows: launchgen at its defaults (gradient_checkpointing auto), TRL 1.16 (its default, on), then
+#       launchgen under memory_budget_gib = 0.6x TRL's peak of the shape; training phase alone: auto against
+#       forced on and forced off. Every row: decode against the weights and weights+KV floors, training-phase MFU.
 # Carried: .whl (trl 1.16.0, transformers 5.22.2, accelerate 1.16.0, peft 0.21.2, liger-kernel 0.8.5,
 # datasets 5.2.0, dill, multiprocess, pydantic + pydantic-core, annotated-types, typing-inspection).
 # Logs and tables under $OUT; both trainers in one process. WARMUP defaults to 2: with 1, the first timed step
@@ -53,6 +59,25 @@ elif [[ $PART == one ]]; then
   step c1 80 "${G[@]}" --configs 1
   cat "$OUT/d3b/decode_profile.md" 2>/dev/null; for f in c5 c3 c1; do echo "== $f"; cat "$OUT/$f/table.md" 2>/dev/null; done
   (cd "$OUT" && tar czf /tmp/one.tgz . && rm -rf ./* && mv /tmp/one.tgz .)  # the device returns at most 8 files
+elif [[ $PART == issue39a || $PART == issue39b ]]; then
+  I=("${G[@]}" --trainers "launchgen,trl" --budget-of-trl 0.6 --lg-variant "gc-on:model.gradient_checkpointing=true"
+     --lg-variant "gc-off:model.gradient_checkpointing=false" --train-trainers "launchgen,gc-on,gc-off")
+  if [[ $PART == issue39a ]]; then
+    step c1 110 "${I[@]}" --configs 1
+    I+=(--modes "full,train")
+    step c3 190 "${I[@]}" --configs 3
+    step c1big 230 "${I[@]}" --configs 4
+    names=(c1 c3 c1big)
+  else
+    step c5 260 "${I[@]}" --modes "full,train" --configs 5
+    D=(python3 "$REPO/benchmarks/decode_profile.py" --variants "new,flex" --calls 2)
+    step d3b 130 "${D[@]}" --config 5
+    step dc1big 110 "${D[@]}" --config 4 --prompts 128 --prompt-len 512
+    names=(c5)
+    for f in d3b dc1big; do echo "== $f"; tail -n 5 "$OUT/$f/decode_profile.md" 2>/dev/null; done
+  fi
+  for f in "${names[@]}"; do echo "== $f"; sed 1d "$OUT/$f/table.md" 2>/dev/null; done
+  (cd "$OUT" && tar czf "/tmp/$PART.tgz" . && rm -rf ./* && mv "/tmp/$PART.tgz" .)
 elif [[ $PART == lora15 ]]; then  # 2026-12-05 evening: LoRA with compiled decoder layers against full FT at 1.5B
   step lora15 230 python3 "$REPO/benchmarks/grpo_lora.py" --shapes 1.5b --modes full --steps "${STEPS:-3}" \
     --warmup "${WARMUP:-2}" --trainers launchgen-full,launchgen-lora --lora-dropout 0 --workdir /tmp/bench

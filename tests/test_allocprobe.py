@@ -210,7 +210,7 @@ def test_every_preflight_code_is_in_docs_check_codes() -> None:
     assert [c for c, m in A.CODES.items() if f"| `{c}` | {m} |" not in doc] == []
 
 
-def test_a_fifo_for_the_models_config_json_is_pf109_and_holds_nothing(tmp_path: Path) -> None:
+def test_a_fifo_for_the_models_config_json_is_pf110_and_holds_nothing(tmp_path: Path) -> None:
     """Issue 37: the preflight read config.json without the regular-file guard: a FIFO there held the job for
     the 90 s preflight bound, and the failure had no code."""
     import os
@@ -224,7 +224,7 @@ def test_a_fifo_for_the_models_config_json_is_pf109_and_holds_nothing(tmp_path: 
     assert A.checkpoint_need(str(model), {}, 6) == (12000, "~0.00 B parameters x 6 bytes of weights and AdamW state")
     [(code, message)] = A.model_files(str(model), {})
     assert time.monotonic() - start < 5
-    assert code == "PF109" and "is a FIFO" in message, message
+    assert code == "PF110" and "is a FIFO" in message, message
     os.unlink(model / "config.json")
     (model / "config.json").write_text("{}")
     assert A.model_files(str(model), {}) == []

@@ -393,7 +393,7 @@ def _estimate_of(path: Path, **extra: Any) -> Any:
     for section, values in extra.items():
         spec.setdefault(section, {}).update(values)
     spec["estimate"] = {"model": {k: v for k, v in QWEN25_7B.items() if k not in ("model_type",)},
-                        "gpu_memory_gib": 79.6}
+                        "gpu_memory_gib": 79.6, **extra.get("estimate", {})}
     ctx = Ctx(load_spec_text(yaml.safe_dump(spec), "s.yaml"), env={})
     return estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout)
 
@@ -450,3 +450,28 @@ def test_the_generation_kv_cache_counts_only_when_kept_through_training(tmp_path
         assert setup is not None
         rows.append(setup.generation_kv_rows)
     assert rows[0] == 0 and rows[1] > 0, rows
+
+
+def test_auto_checkpointing_follows_the_estimate_and_plan_prints_it(tmp_path: Path) -> None:
+    """`gradient_checkpointing: auto` (the default): on when the trainer's peak without it is over 90 % of the GPU,
+    off below; the trainer's rows and checks are estimated with the choice, and `plan` prints it."""
+    path = REPO / "examples" / "sft-no-vllm.yaml"  # ZeRO-2 over 16 processes, 4 x 1024 tokens per pass
+    peak = _estimate_of(path, estimate={"gpu_memory_gib": 1000.0}).checkpointing.peak_off_gib
+    edge = peak / (1 - MARGIN)
+    on = _estimate_of(path, estimate={"gpu_memory_gib": edge * 0.98})
+    off = _estimate_of(path, estimate={"gpu_memory_gib": edge * 1.02})
+    assert on.checkpointing.on and on.trainer_setup.gradient_checkpointing
+    assert not off.checkpointing.on and not off.trainer_setup.gradient_checkpointing
+    assert on.trainer.total_gib < off.trainer.total_gib  # the rows are the chosen setting's
+    assert any(p.name.endswith("checkpointed)") for p in on.trainer.parts)
+    fixed = _estimate_of(path, train={"gradient_checkpointing": False}, estimate={"gpu_memory_gib": edge * 0.98})
+    assert fixed.checkpointing is None and not fixed.trainer_setup.gradient_checkpointing  # as written
+    spec = yaml.safe_load(path.read_text())
+    spec["estimate"] = {"model": {k: v for k, v in QWEN25_7B.items() if k != "model_type"},
+                        "gpu_memory_gib": round(edge * 0.98, 1)}
+    p = tmp_path / "auto.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    out = " ".join(_run("plan", str(p)).output.split())
+    assert "trainer: gradient checkpointing on (auto):" in out and f"~{peak:.1f} GiB without it" in out
+    js = json.loads(_run("plan", str(p), "--format", "json").output)["estimate"]
+    assert js["gradient_checkpointing"]["on"] is True

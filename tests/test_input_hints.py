@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from generated import check_generated
 
 from launchgen.checks import run_checks
 from launchgen.cli import main
@@ -154,9 +155,11 @@ def _paths(model: type, prefix: str = "") -> set[str]:
 
 
 def test_trl_names_doc_matches_the_table() -> None:
-    doc = (ROOT / "docs" / "trl-names.md").read_text()
     from launchgen.kinds.trl_config import names_page
 
+    check_generated(ROOT / "docs" / "trl-names.md", names_page(),
+                    "LAUNCHGEN_UPDATE_GOLDEN=1 python -m pytest tests/test_input_hints.py -k trl_names_doc")
+    doc = (ROOT / "docs" / "trl-names.md").read_text()
     assert doc == names_page(), "regenerate docs/trl-names.md from launchgen.kinds.trl_config.names_page()"
     for t in trlnames.TRL_NAMES:
         assert f"| `{t.trl}` |" in doc

@@ -573,3 +573,24 @@ def test_logs_and_status_strip_osc_and_every_other_control_sequence(tmp_path: Pa
     assert "link     done" in status.output, status.output
     for out in (logs.output, status.output):
         assert "\x1b" not in out and "\u009b" not in out and "\\x1b" not in out and "pwned" not in out, repr(out)
+
+
+def test_a_pending_job_shows_its_expected_start_not_an_exit(tmp_path: Path) -> None:
+    """Recorded from the local cluster: `sbatch --begin=now+3600` (JobState=PENDING, Reason=BeginTime, ExitCode=0:0,
+    StartTime set). On main: `job PENDING (exit 0)` and no start time."""
+    recs = S.parse_scontrol_oneliner((FIX / "scontrol-job-pending.txt").read_text())
+    info = S.scheduler_info_from_scontrol(recs[0])
+    st = S.analyse(info.job_id, info, "off", [], None)
+    assert "exit" not in st.summary, st.summary
+    assert f"expected to start {info.start_time.replace('T', ' ')} (BeginTime)" in st.summary, st.summary
+
+
+def test_status_shows_the_steps_trained_and_the_last_reward_and_loss(tmp_path: Path) -> None:
+    d = _synthetic(tmp_path, "2026-12-02T13:00:00Z trainer_start nodes=node2\n"
+                   "2026-12-02T13:00:30Z trainer_exit exit=0\n")
+    out = d / "trainer"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward": 0.25, "loss": 0.5}\n'
+                                       '{"step": 2, "reward": 0.375, "loss": null}\n')
+    st = S.analyse("5", _info("COMPLETED", 0), "off", [], d)
+    assert "trained: step 2 last recorded (2 metrics record(s)); last reward 0.375" in st.notes, st.notes

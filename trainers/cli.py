@@ -20,7 +20,7 @@ from typing import Any
 from launchgen.trainers.declarations.algorithm_options import ordered_keys
 from launchgen.trainers.declarations.config import TrainerConfig, apply_override
 from launchgen.trainers.declarations.configs import CONFIGS
-from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError, run_reporting
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
@@ -149,15 +149,16 @@ def entry(argv: list[str] | None, trainer: str) -> int:
     if isinstance(cfg, str):
         print(cfg, file=sys.stderr)
         return EXIT_CONFIG
-    try:
-        if cfg.trainer != trainer:
+    loaded = cfg
+
+    def train() -> int:
+        if loaded.trainer != trainer:
             raise TrainerSetupError(
-                f"{a.config}: trainer is {cfg.trainer!r} but this is launchgen.trainers.{trainer}; "
-                f"run python -m launchgen.trainers.{cfg.trainer} or fix `trainer`"
+                f"{a.config}: trainer is {loaded.trainer!r} but this is launchgen.trainers.{trainer}; "
+                f"run python -m launchgen.trainers.{loaded.trainer} or fix `trainer`"
             )
         from launchgen.trainers.core import run  # torch: only now that there is something to train
 
-        return run(cfg)
-    except TrainerSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return run(loaded)
+
+    return run_reporting(train)

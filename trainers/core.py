@@ -19,6 +19,7 @@ skips it (`generation.backends`).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections import defaultdict
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 from launchgen.trainers import checkpoint as ckpt
-from launchgen.trainers import epochs, reporting, resume
+from launchgen.trainers import epochs, grad_checkpointing, reporting, resume
 from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.errors import TrainerSetupError
 from launchgen.trainers.evaluation import Evaluator
@@ -98,6 +99,7 @@ class Trainer:
             self._resume(decision.checkpoint)
             if acc.is_main_process and self.global_step < cfg.max_steps:
                 resume.reopen(cfg)
+        self.first_step = self.global_step  # this process's first step: the one an out-of-memory may retry
         self.reporter = reporting.Reporter(
             cfg, self.out, acc.is_main_process, self.global_step, resumed=self.resumed_from is not None
         )
@@ -135,7 +137,10 @@ class Trainer:
         cfg, acc = self.cfg, self.accelerator
         plan = modeling.resolve_compile(cfg, acc.device.type, str(acc.distributed_type.value))
         self.compiled = plan.layers  # generation must then run the layers eagerly
-        model = modeling.load_model(cfg, trainable=True, compile=plan)
+        self.checkpointing = grad_checkpointing.resolve(cfg, acc)
+        if acc.is_main_process:
+            print(self.checkpointing.line(), flush=True)
+        model = modeling.load_model(cfg, trainable=True, compile=plan, checkpointing=self.checkpointing.on)
         if cfg.peft is not None:
             from launchgen.trainers import lora
 
@@ -308,29 +313,19 @@ class Trainer:
         t_step = time.perf_counter()
         stats = StepStats()
         step_metrics: dict[str, float] = {}
-        t_train = 0.0
         self.model.train()
-        ga = self.geometry.ga
-        for k in range(ga):
-            if k:
-                stats.next_micro_batch()  # metrics per micro-batch, averaged over the step (as TRL logs them)
-            if self.micro_step % self.geometry.generate_every == 0 or self.buffer is None:
-                self.buffer, gen_metrics = self.generate_batch()
-                step_metrics.update(gen_metrics)
-            mb = self.buffer[self.micro_step % self.geometry.spg]
-            ts = time.perf_counter()
-            passes = self.split_passes(mb)
-            for j, (part, share) in enumerate(passes):
-                last = k == ga - 1 and j == len(passes) - 1
-                with acc.no_sync(self.model) if not last else nullcontext():
-                    loss = self.micro_loss(part, stats)
-                    if len(passes) > 1:
-                        loss = loss * share
-                    acc.backward(loss)
-                stats.loss = stats.loss + loss.detach().to(torch.float64)
-            stats.add(STEP_TOKENS, self.source.layout.tokens(mb))
-            t_train += time.perf_counter() - ts
-            self.micro_step += 1
+        start, objective_state = self.micro_step, self.objective.state_dict()
+        try:
+            t_train = self._micro_batches(stats, step_metrics)
+            retry = False
+        except torch.OutOfMemoryError:
+            if not self._may_retry_oom(start):
+                raise
+            retry = True  # retried outside `except`: its traceback holds the failed pass's activations
+        if retry:
+            self._checkpointing_on_after_oom(start, objective_state)
+            stats = StepStats()
+            t_train = self._micro_batches(stats, step_metrics, generate=False)
         ts = time.perf_counter()
         grad_norm = None
         if cfg.max_grad_norm > 0:
@@ -354,6 +349,61 @@ class Trainer:
         sampler = self.source.sampler
         step_metrics["epoch"] = sampler.epoch + sampler.index / max(1, sampler.n)
         return step_metrics
+
+    def _micro_batches(self, stats: StepStats, step_metrics: dict[str, float], generate: bool = True) -> float:
+        """The step's GA micro-batches, forward and backward (regenerating where a generation batch is used up,
+        unless `generate` is False: the retry reuses the batch); returns their seconds."""
+        acc, ga = self.accelerator, self.geometry.ga
+        t_train = 0.0
+        for k in range(ga):
+            if k:
+                stats.next_micro_batch()  # metrics per micro-batch, averaged over the step (as TRL logs them)
+            if generate and (self.micro_step % self.geometry.generate_every == 0 or self.buffer is None):
+                self.buffer, gen_metrics = self.generate_batch()
+                step_metrics.update(gen_metrics)
+            assert self.buffer is not None
+            mb = self.buffer[self.micro_step % self.geometry.spg]
+            ts = time.perf_counter()
+            passes = self.split_passes(mb)
+            for j, (part, share) in enumerate(passes):
+                last = k == ga - 1 and j == len(passes) - 1
+                with acc.no_sync(self.model) if not last else nullcontext():
+                    loss = self.micro_loss(part, stats)
+                    if len(passes) > 1:
+                        loss = loss * share
+                    acc.backward(loss)
+                stats.loss = stats.loss + loss.detach().to(torch.float64)
+            stats.add(STEP_TOKENS, self.source.layout.tokens(mb))
+            t_train += time.perf_counter() - ts
+            self.micro_step += 1
+        return t_train
+
+    def _may_retry_oom(self, start: int) -> bool:
+        """An out-of-memory in this process's first step, with checkpointing off by `auto`, one process, and every
+        micro-batch of the step from the generation batch already made (so the retry regenerates nothing)."""
+        c = self.checkpointing
+        if not c.auto or c.on or self.global_step != self.first_step:
+            return False
+        if self.accelerator.num_processes > 1:
+            print("[launchgen] out of memory in the first step with gradient_checkpointing off (auto); with "
+                  "several processes it is not retried: set train.gradient_checkpointing: true", flush=True)
+            return False
+        every = self.geometry.generate_every
+        return self.buffer is not None and all((start + k) % every for k in range(1, self.geometry.ga))
+
+    def _checkpointing_on_after_oom(self, start: int, objective_state: dict[str, Any]) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        from launchgen.trainers import modeling
+
+        modeling.enable_checkpointing(self.accelerator.unwrap_model(self.model))
+        self.checkpointing = self.checkpointing.retrying()
+        self.micro_step = start
+        self.objective.load_state_dict(objective_state)
+        print("[launchgen] out of memory in the first step with gradient_checkpointing off (auto); retrying the "
+              "step once with it on (set train.gradient_checkpointing: true to start that way)", flush=True)
 
     def _record(self, step_metrics: dict[str, float]) -> None:
         for key, value in step_metrics.items():

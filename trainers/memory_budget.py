@@ -88,7 +88,8 @@ def static_bytes(model: torch.nn.Module, ref: torch.nn.Module | None) -> int:
     return total
 
 
-def bytes_per_token(cfg: TrainerConfig, text_config: Any) -> int:
+def bytes_per_token(cfg: TrainerConfig, text_config: Any, checkpointing: bool | None = None) -> int:
+    """Activation bytes per token of a pass; `checkpointing` as the policy runs (None: only an explicit `true`)."""
     hidden = int(text_config.hidden_size)
     layers = int(text_config.num_hidden_layers)
     heads = int(text_config.num_attention_heads)
@@ -98,7 +99,8 @@ def bytes_per_token(cfg: TrainerConfig, text_config: Any) -> int:
     unit = 4 if cfg.precision == "fp32" else 2
     per_layer = int(unit * (ACT_HIDDEN_UNITS * hidden + ACT_KV_UNITS * kv * head_dim
                             + ACT_INTERMEDIATE_UNITS * inter))
-    kept = hidden * unit * layers if cfg.model.gradient_checkpointing else per_layer * layers
+    on = cfg.model.gradient_checkpointing is True if checkpointing is None else checkpointing
+    kept = hidden * unit * layers if on else per_layer * layers
     return kept + per_layer
 
 
@@ -147,7 +149,7 @@ def apply(cfg: TrainerConfig, model: Any, ref: Any, accelerator: Any) -> BudgetC
               and getattr(cfg, "top_entropy_quantile", 1.0) >= 1.0 and getattr(cfg, "entropy_coef", 0.0) == 0.0)
     choice = choose(cfg, static_bytes(model, ref if isinstance(ref, torch.nn.Module) and
                                       any(True for _ in ref.parameters()) else None),
-                    bytes_per_token(cfg, text), passes)
+                    bytes_per_token(cfg, text, bool(getattr(inner, "is_gradient_checkpointing", False))), passes)
     if choice.max_tokens_per_forward is not None:
         cfg.max_tokens_per_forward = choice.max_tokens_per_forward
     cfg.model.logits_chunk_mib = choice.logits_chunk_mib

@@ -179,10 +179,12 @@ def _load_fix(cfg: TrainerConfig, what: str, e: Exception) -> str:
     return f"model.name_or_path {cfg.model.name_or_path!r}: cannot load the {what} ({first}); {hint}"
 
 
-def load_model(cfg: TrainerConfig, *, trainable: bool = True, compile: CompilePlan | None = None) -> PreTrainedModel:
+def load_model(cfg: TrainerConfig, *, trainable: bool = True, compile: CompilePlan | None = None,
+               checkpointing: bool | None = None) -> PreTrainedModel:
     """Load the causal LM as configured; the reference model is the same call with trainable=False.
 
-    `compile` (see `resolve_compile`) says whether the decoder layers and the log-prob head's tiles are compiled.
+    `compile` (see `resolve_compile`) says whether the decoder layers and the log-prob head's tiles are compiled;
+    `checkpointing` is `grad_checkpointing.resolve`'s choice (None: only an explicit `true` turns it on).
     """
     from transformers import AutoModelForCausalLM
 
@@ -212,9 +214,8 @@ def load_model(cfg: TrainerConfig, *, trainable: bool = True, compile: CompilePl
     if cfg.model.use_liger_kernel:
         apply_liger(model, cfg)
     if trainable:
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
+        if cfg.model.gradient_checkpointing is True if checkpointing is None else checkpointing:
+            enable_checkpointing(model)
         model.train()
     else:
         model.eval()
@@ -225,6 +226,13 @@ def load_model(cfg: TrainerConfig, *, trainable: bool = True, compile: CompilePl
         compile_decoder_layers(model)
     head.compiled = compile is not None and compile.head
     return model
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Gradient checkpointing on for a loaded (possibly prepared or compiled) policy: transformers' layers read
+    the flag at every call, so it holds from the next forward pass (the first step's out-of-memory retry)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
 
 
 # --------------------------------------------------------------------------------------------------- compile

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launchgen.trainers import checkpoint as ckpt
+from launchgen.trainers import rerun
 from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.errors import TrainerSetupError
 from pydantic import BaseModel
@@ -43,6 +44,8 @@ MAY_CHANGE: tuple[str, ...] = (
     "generation.keep_kv_cache",  # memory only (its default changed from true to lend)
     "memory_budget_gib",  # memory only, like the knobs it sets
     "model.logits_chunk_mib",  # memory only: the same log-probs tile by tile (memory_budget_gib may set it)
+    # compute only: the same gradient, activations recomputed or kept (auto may decide otherwise on another GPU)
+    "model.gradient_checkpointing",
     "generation.vllm_server",  # server address and ports change with every attempt; timeouts are operational
 )
 #: Key of the recorded config in a checkpoint's trainer_state.json.
@@ -151,6 +154,9 @@ def decide(cfg: TrainerConfig) -> ResumeDecision:
     if not found:
         return ResumeDecision(None)
     step, path = found[-1]
+    refused = rerun.foreign(path, cfg.trainer)
+    if refused is not None:
+        raise TrainerSetupError(refused)
     state = json.loads((path / ckpt.STATE_FILE).read_text())
     saved = state.get(STATE_KEY)
     if isinstance(saved, dict):  # recorded before GRPO's options were GRPO's alone: every trainer wrote them
@@ -167,9 +173,8 @@ def decide(cfg: TrainerConfig) -> ResumeDecision:
     # With num_train_epochs the step count is known only once the data is loaded: the checkpoint recorded it.
     target = int(state.get("max_steps", cfg.max_steps)) if cfg.num_train_epochs is not None else cfg.max_steps
     if (out / ckpt.COMPLETE_MARKER).is_file() and step >= target:
-        return ResumeDecision(path, complete=True, note=(
-            f"[launchgen] training already complete: {out / ckpt.COMPLETE_MARKER} (step {step}, max_steps "
-            f"{target}); nothing to do. Raise max_steps to train further, or use a new output directory."))
+        return ResumeDecision(path, complete=True,
+                              note=rerun.complete_note(out / ckpt.COMPLETE_MARKER, step, target))
     return ResumeDecision(path, note=note)
 
 

@@ -14,7 +14,7 @@ from launchgen.checks.context import Ctx
 from launchgen.checks.registry import CODES, Stage, _doc, check
 from launchgen.checks.spec.trainerargs import without_echo
 from launchgen.input.loader import LoadedSpec
-from launchgen.shared.issues import Issue, SpecError
+from launchgen.shared.issues import Issue, Severity, SpecError
 
 if TYPE_CHECKING:
     from launchgen.planning.plan import Plan
@@ -35,6 +35,24 @@ for _code, _title, _fix in (
     _doc(_code, "error", _title, _fix)
 _doc("LG005", "warning", "The vllm section is present but empty (its keys commented out), so there is no vLLM.",
      "Delete the `vllm:` line, or write `vllm: {}` for the server-mode defaults.")
+# sweeps (launchgen.input.sweep expands the section; launchgen.script.sweep renders the points)
+_SWEEP_CODES: tuple[tuple[str, Severity, str, str], ...] = (
+    ("LG020", "error", "A sweep path names no field of the spec (or one that cannot be swept), or a `--sweep` "
+     "option is not PATH=V1,V2.", "Write the path as the spec nests it (`train.args.learning_rate`); "
+     "`launchgen schema` lists every field."),
+    ("LG021", "error", "A sweep sets a path both in its grid and in a point, repeats a point, or sets nothing.",
+     "Set each path in one place, and each point once."),
+    ("LG022", "error", "A sweep has more points than one SLURM job array holds by default (1000).",
+     "Sweep fewer values, or split the sweep into several specs."),
+    ("LG023", "info", "A sweep's points and which of them share a job array (points whose #SBATCH lines differ, "
+     "or that are heterogeneous jobs, get scripts of their own).", "Nothing to fix."),
+    ("LG024", "warning", "A sweep's array script is over 4 MiB, which sbatch refuses unless the cluster raises "
+     "SchedulerParameters=max_script_size.", "Split the sweep, or ask for a larger max_script_size."),
+    ("LG025", "info", "A sweep renders several scripts: one job array per set of #SBATCH lines, one script per "
+     "heterogeneous point.", "Submit each script."),
+)
+for _code, _severity, _title, _fix in _SWEEP_CODES:
+    _doc(_code, _severity, _title, _fix)
 
 
 @check("LG005")

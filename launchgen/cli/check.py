@@ -12,10 +12,13 @@ from launchgen.cli.common import (
     collect,
     emit_json,
     issue_dict,
+    load_or_issues,
     print_issues,
     strict_option,
     summary,
+    sweep_option,
 )
+from launchgen.input.sweep import Sweep
 from launchgen.shared.visible import visible
 
 HELP = """\
@@ -29,7 +32,7 @@ With several specs and --format json, stdout is one object {"ok": ..., "specs": 
 Examples:
   launchgen check topology.yaml
   launchgen check a.yaml b.yaml               # several at once
-  launchgen init - | launchgen check -        # from stdin
+  launchgen init - | launchgen check --no-files -   # stdin, no data yet
   launchgen check topology.yaml --strict      # warnings fail too (CI)
   launchgen check topology.yaml --live        # and sinfo, nvidia-smi, pip
   launchgen check topology.yaml --no-files    # the spec alone, no data
@@ -48,14 +51,16 @@ Examples:
               help="A spec-only pass: skip the checks that read the files the spec names (data rows, reward "
               "modules, a local model), e.g. where the data is not (plan and render never read them).")
 @strict_option
+@sweep_option
 @click.option("--explain", is_flag=True, help="Print the resolved plan (per-node GPU map and port plan).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object on stdout with every issue and a summary.")
-def command(specs: tuple[str, ...], live: bool, no_files: bool, strict: bool, explain: bool, fmt: str) -> None:
+def command(specs: tuple[str, ...], live: bool, no_files: bool, strict: bool, sweeps: tuple[str, ...], explain: bool,
+            fmt: str) -> None:
     if specs.count("-") > 1:
         raise click.UsageError("stdin (`-`) can be read only once")
-    results = [_check_one(spec, live=live, files=not no_files, strict=strict, explain=explain, fmt=fmt)
-               for spec in specs]
+    results = [_check_one(spec, live=live, files=not no_files, strict=strict, explain=explain, fmt=fmt,
+                          sweeps=sweeps) for spec in specs]
     failed = not all(r["ok"] for r in results)
     if fmt == "json":
         emit_json(results[0] if len(results) == 1 else {"ok": not failed, "specs": results})
@@ -63,8 +68,14 @@ def command(specs: tuple[str, ...], live: bool, no_files: bool, strict: bool, ex
         raise click.exceptions.Exit(EXIT_SPEC_ERROR)
 
 
-def _check_one(spec: str, *, live: bool, files: bool, strict: bool, explain: bool, fmt: str) -> dict[str, Any]:
-    _loaded, plan, issues = collect(spec, strict=strict, live=live, files=files)
+def _check_one(spec: str, *, live: bool, files: bool, strict: bool, explain: bool, fmt: str,
+               sweeps: tuple[str, ...] = ()) -> dict[str, Any]:
+    loaded = load_or_issues(spec, sweeps)
+    if isinstance(loaded, Sweep):
+        from launchgen.cli import sweeps as sweep_verbs
+
+        return sweep_verbs.check(loaded, strict=strict, files=files, fmt=fmt, explain=explain, live=live)
+    _loaded, plan, issues = collect(spec, strict=strict, live=live, files=files, loaded=loaded)
     failed = has_errors(issues) or plan is None
     if fmt == "text":
         print_issues(issues)

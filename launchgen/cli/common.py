@@ -7,22 +7,31 @@ the script alone. Any error (or, with --strict, any warning) ends the command wi
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from launchgen.checks import apply_strict, has_errors, run_checks, sort_issues
-from launchgen.input.loader import LoadedSpec, load_spec
+from launchgen.input.loader import LoadedSpec, load_spec, read_spec_file
 from launchgen.shared.issues import Issue, SpecError
+from launchgen.shared.visible import visible
 
 if TYPE_CHECKING:
+    from launchgen.input.sweep import Sweep
+    from launchgen.planning.estimate_spec import Estimate, Measured
     from launchgen.planning.plan import Plan
 
 EXIT_SPEC_ERROR = 2
 
 spec_argument = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 strict_option = click.option("--strict", is_flag=True, help="Treat warnings as errors (exit 2).")
+sweep_option = click.option(
+    "--sweep", "sweeps", multiple=True, metavar="PATH=V1,V2",
+    help="Run the spec once per value of PATH (a dotted spec path; the values are YAML, comma-separated); "
+    "repeated: every combination. Adds to the spec's sweep: section (replacing the same path).")
 
 
 def print_issues(issues: Iterable[Issue], *, infos: bool = True) -> None:
@@ -48,12 +57,23 @@ def load(path: str) -> LoadedSpec:
     return load_spec(path)
 
 
+def load_any(path: str, sweeps: tuple[str, ...] = ()) -> LoadedSpec | Sweep:
+    """One job, or a sweep (a `sweep:` section or --sweep options); a SpecError propagates."""
+    from launchgen.input import sweep
+
+    return sweep.load(read_spec_file(path), sweeps)
+
+
 def load_and_check(path: str, *, strict: bool = False, infos: bool = False) -> tuple[LoadedSpec, Plan]:
     """For verbs that need a valid plan (plan, render): load, check, print issues, exit 2 on errors.
 
     Infos are not printed by default (render's stderr is for what needs attention); `check` shows them.
     """
-    loaded = load(path)
+    return check_or_exit(load(path), strict=strict, infos=infos)
+
+
+def check_or_exit(loaded: LoadedSpec, *, strict: bool = False, infos: bool = False) -> tuple[LoadedSpec, Plan]:
+    """A loaded spec's plan; its issues printed, exit 2 on errors."""
     plan, issues = run_checks(loaded, strict=strict)
     print_issues(issues, infos=infos)
     if plan is None or has_errors(issues):
@@ -61,14 +81,49 @@ def load_and_check(path: str, *, strict: bool = False, infos: bool = False) -> t
     return loaded, plan
 
 
-def collect(path: str, *, strict: bool = False, live: bool = False, files: bool = True
-            ) -> tuple[LoadedSpec | None, Plan | None, list[Issue]]:
-    """For `check`: every issue, including load errors, without exiting; `files=False` skips the checks that
-    read what the spec names (`check --no-files`)."""
+def write_scripts(texts: list[str], output: str | None, force: bool) -> None:
+    """Scripts to stdout (one only) or to `-o FILE`, each replaced only by a complete script (atomically) and an
+    existing one kept unless `force`; several go to `stem.1.suffix`, `stem.2.suffix`, ..."""
+    if output is None:
+        if len(texts) > 1:
+            click.echo(f"launchgen: this renders {len(texts)} scripts: pass -o FILE", err=True)
+            raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+        click.echo(texts[0], nl=False)
+        return
+    path = Path(output)
+    paths = [path] if len(texts) == 1 else [path.with_name(f"{path.stem}.{k}{path.suffix}")
+                                            for k in range(1, len(texts) + 1)]
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        click.echo(visible(f"launchgen: {', '.join(existing)} exists; pass --force to overwrite it"), err=True)
+        raise click.exceptions.Exit(EXIT_SPEC_ERROR)
+    for p, text in zip(paths, texts, strict=True):
+        tmp = p.with_name(f".{p.name}.launchgen-tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, p)
+        click.echo(visible(f"launchgen: wrote {output if len(texts) == 1 else p}"), err=True)
+
+
+def load_or_issues(path: str, sweeps: tuple[str, ...] = ()) -> LoadedSpec | Sweep | list[Issue]:
+    """For `check`: the spec or sweep, or the issues that stop it loading."""
     try:
-        loaded = load(path)
+        return load_any(path, sweeps)
     except SpecError as exc:
-        return None, None, list(exc.issues)
+        return list(exc.issues)
+
+
+def collect(path: str, *, strict: bool = False, live: bool = False, files: bool = True,
+            loaded: LoadedSpec | list[Issue] | None = None) -> tuple[LoadedSpec | None, Plan | None, list[Issue]]:
+    """For `check`: every issue, including load errors, without exiting; `files=False` skips the checks that
+    read what the spec names (`check --no-files`). `loaded`: the spec (or its load errors) already read."""
+    if loaded is None:
+        try:
+            loaded = load(path)
+        except SpecError as exc:
+            return None, None, list(exc.issues)
+    if isinstance(loaded, list):
+        return None, None, loaded
     plan, issues = run_checks(loaded, strict=strict, files=files)
     if live:
         from launchgen.checks.live.probes import live_checks
@@ -82,3 +137,12 @@ def collect(path: str, *, strict: bool = False, live: bool = False, files: bool 
 
 def emit_json(payload: dict[str, Any]) -> None:
     click.echo(json.dumps(payload, indent=2, sort_keys=False))
+
+
+def spec_estimate(loaded: LoadedSpec, measured: Measured | None) -> Estimate:
+    """The memory / weight-sync / GPU-hour estimate of a checked spec (`plan`'s, for one spec or each point)."""
+    from launchgen.checks.context import Ctx
+    from launchgen.planning.estimate_spec import estimate
+
+    ctx = Ctx(loaded)
+    return estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, measured=measured)

@@ -7,6 +7,8 @@ and with distinct last digits, so turning on `job.port_offset: job_id` later sta
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from pathlib import Path
 
 import click
@@ -187,8 +189,15 @@ def command(path: str, layout: str, force: bool) -> None:
     target.write_text(text)
     data, rows = _DATA[layout]
     if Path(data).exists():
-        click.echo(f"wrote {path} ({layout}); next: launchgen check {path}", err=True)
+        _say(f"wrote {path} ({layout}); next: launchgen check {path}")
     else:
         # the one thing a starter cannot bring: `check` reads the data's first rows, so it refuses until it exists
-        click.echo(f"wrote {path} ({layout}); add {data} here ({rows}), then: launchgen check {path} "
-                   "(--no-files checks the spec alone now)", err=True)
+        _say(f"wrote {path} ({layout}); add {data} here ({rows}), then: launchgen check {path} "
+             "(--no-files checks the spec alone now)")
+
+
+def _say(text: str) -> None:
+    """One message, wrapped at the terminal's width (COLUMNS, else 80 in a pipe), its later lines indented."""
+    width = max(40, shutil.get_terminal_size((80, 24)).columns)
+    click.echo(textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False),
+               err=True)

@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING
 
 import click
 
-from launchgen.cli.common import load_and_check, spec_argument, strict_option
+from launchgen.cli.common import (
+    check_or_exit,
+    load_any,
+    spec_argument,
+    spec_estimate,
+    strict_option,
+    sweep_option,
+)
 from launchgen.cli.errors import fail
+from launchgen.input.loader import LoadedSpec
 
 if TYPE_CHECKING:
     from launchgen.planning.estimate_spec import Measured
@@ -52,14 +60,24 @@ def _measured(job_dir: str) -> Measured:
 @click.option("--from-run", "from_run", metavar="JOBDIR", default=None,
               type=click.Path(file_okay=False, path_type=str),
               help="A previous run's job directory: its trainer's step times (metrics.jsonl) give the GPU-hours.")
-def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
+@sweep_option
+@click.option("--point", "point_name", metavar="NAME", default=None,
+              help="With a sweep: the full plan of this point (its name, as the points table shows it).")
+def command(spec: str, strict: bool, fmt: str, from_run: str | None, sweeps: tuple[str, ...],
+            point_name: str | None) -> None:
     measured = _measured(from_run) if from_run is not None else None
-    loaded, plan = load_and_check(spec, strict=strict)
-    from launchgen.checks.context import Ctx
-    from launchgen.planning.estimate_spec import estimate
+    loaded = load_any(spec, sweeps)
+    if not isinstance(loaded, LoadedSpec):
+        from launchgen.cli import sweeps as sweep_verbs
 
-    ctx = Ctx(loaded)
-    est = estimate(ctx.spec, ctx.model_config, ctx.trainer_cfg, ctx.layout, measured=measured)
+        found = sweep_verbs.plan(loaded, strict=strict, fmt=fmt, measured=measured, point=point_name)
+        if found is None:
+            return
+        loaded = found
+    elif point_name is not None:
+        fail("--point: the spec is not a sweep (no sweep: section or --sweep)")
+    _loaded, plan = check_or_exit(loaded, strict=strict)
+    est = spec_estimate(loaded, measured)
     if fmt == "json":
         click.echo(json.dumps({**plan.to_json(), "estimate": est.to_json()}, indent=2, sort_keys=True))
         return
@@ -70,3 +88,4 @@ def command(spec: str, strict: bool, fmt: str, from_run: str | None) -> None:
     console = tables.console()  # the terminal's width, COLUMNS, else 80: as every table of the plan
     print_plan(plan, console)
     print_estimate(est, console)
+

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
 
-from launchgen.cli.common import EXIT_SPEC_ERROR, load_and_check, print_issues, spec_argument, strict_option
-from launchgen.shared.visible import visible
+from launchgen.cli.common import (
+    EXIT_SPEC_ERROR,
+    check_or_exit,
+    load_any,
+    print_issues,
+    spec_argument,
+    strict_option,
+    sweep_option,
+    write_scripts,
+)
+from launchgen.input.loader import LoadedSpec
 
 HELP = """\
 Render SPEC into a job script: an sbatch script (default) or, with --bash, a bash script for one machine with
@@ -38,26 +44,22 @@ Examples:
               help="Write the script to FILE (made executable) instead of stdout.")
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
 @strict_option
-def command(spec: str, bash_mode: bool, output: str | None, force: bool, strict: bool) -> None:
+@sweep_option
+def command(spec: str, bash_mode: bool, output: str | None, force: bool, strict: bool, sweeps: tuple[str, ...]
+            ) -> None:
     from launchgen.planning.plan import bash_issues
     from launchgen.script.render import render_script
 
-    _loaded, plan = load_and_check(spec, strict=strict)
+    loaded = load_any(spec, sweeps)
+    if not isinstance(loaded, LoadedSpec):
+        from launchgen.cli import sweeps as sweep_verbs
+
+        write_scripts(sweep_verbs.render(loaded, "bash" if bash_mode else "sbatch", strict=strict), output, force)
+        return
+    _loaded, plan = check_or_exit(loaded, strict=strict)
     if bash_mode:
         problems = bash_issues(plan)
         if problems:
             print_issues(problems)
             raise click.exceptions.Exit(EXIT_SPEC_ERROR)
-    text = render_script(plan, "bash" if bash_mode else "sbatch")
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    path = Path(output)
-    if path.exists() and not force:
-        click.echo(visible(f"launchgen: {output} exists; pass --force to overwrite it"), err=True)
-        raise click.exceptions.Exit(EXIT_SPEC_ERROR)
-    tmp = path.with_name(f".{path.name}.launchgen-tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
-    click.echo(visible(f"launchgen: wrote {output}"), err=True)
+    write_scripts([render_script(plan, "bash" if bash_mode else "sbatch")], output, force)

@@ -20,12 +20,15 @@ everything it needs (no network to view it). Needs plotly:
 pip install 'launchgen[report]'.
 
 JOB is a SLURM job id (its directory is found as `launchgen status` finds it),
-`local` for a `render --bash` run, or the job directory itself.
+`local` for a `render --bash` run, or the job directory itself. A sweep (a job
+array's id, or a sweep's directory), or several JOBs, give one page that
+overlays the runs' curves and tabulates their final metrics.
 
 \b
 Examples:
   launchgen report 12345                # -> <job dir>/launchgen-report.html
   launchgen report launchgen-runs/local -o run.html
+  launchgen report 12345 12350          # two runs compared on one page
 """
 
 REPORT_FILE = "launchgen-report.html"
@@ -52,24 +55,23 @@ def _resolve(job: str, job_dir: str | None) -> tuple[str, Path, object]:
     return st.job_id, Path(st.job_dir), st
 
 
-@click.command("report", help=HELP)
-@click.argument("job", metavar="JOB|DIR")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help=f"Write the page here (default: {REPORT_FILE} in the job directory).")
-@click.option("--job-dir", type=click.Path(file_okay=False), default=None,
-              help="The job's output directory, when the scheduler no longer knows the job.")
-def command(job: str, output: str | None, job_dir: str | None) -> None:
-    from launchgen.readback import postmortem, runreport
-    from launchgen.readback.reporthtml import ReportDependencyError, render_page
-    from launchgen.readback.status import StatusError
+def _sweep_runs(job: str, job_dir: str | None) -> tuple[str, Path, list[tuple[str, Path]]] | None:
+    """(title, where the page goes, (point, job directory) of each point that started) of a sweep; None for one job."""
+    from launchgen.readback import sweep as sweeps
 
-    try:
-        job_id, directory, st = _resolve(job, job_dir)
-        assert isinstance(st, postmortem.JobStatus)
-        page = render_page(runreport.build(job_id, directory, st))
-    except (StatusError, ReportDependencyError) as e:
-        fail(str(e))
-    target = Path(output) if output else directory / REPORT_FILE
+    home = next((p for p in (Path(job_dir or job), Path("launchgen-runs") / job) if sweeps.is_sweep_dir(p)), None)
+    if home is not None:
+        st = sweeps.from_dir(home)
+    elif job_dir is None and (records := sweeps.array_records(job)):
+        st = sweeps.from_array(job, records)
+        found = [Path(r.job_dir) for r in st.rows if r.job_dir]
+        home = found[0].parent if found else Path(".")
+    else:
+        return None
+    return f"sweep {st.sweep}", home, [(r.name, Path(r.job_dir)) for r in st.rows if r.job_dir]
+
+
+def _write(target: Path, page: str) -> None:
     # written whole or not at all: a page cut short by a full disk would still open, showing less than was run
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or Path("."))
     try:
@@ -81,3 +83,34 @@ def command(job: str, output: str | None, job_dir: str | None) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     click.echo(f"wrote {target} ({len(page) // 1024} KiB)", err=True)
+
+
+@click.command("report", help=HELP)
+@click.argument("jobs", metavar="JOB|DIR...", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help=f"Write the page here (default: {REPORT_FILE} in the job directory).")
+@click.option("--job-dir", type=click.Path(file_okay=False), default=None,
+              help="The job's output directory, when the scheduler no longer knows the job.")
+def command(jobs: tuple[str, ...], output: str | None, job_dir: str | None) -> None:
+    from launchgen.readback import postmortem, runreport
+    from launchgen.readback.reporthtml import ReportDependencyError, render_comparison, render_page
+    from launchgen.readback.status import StatusError
+
+    try:
+        sweep = _sweep_runs(jobs[0], job_dir) if len(jobs) == 1 else None
+        if sweep is not None or len(jobs) > 1:
+            if sweep is None:
+                runs = [(job_id, directory) for job_id, directory, _st in (_resolve(j, None) for j in jobs)]
+                sweep = (f"{len(runs)} runs", Path("."), runs)
+            title, home, runs = sweep
+            if not runs:
+                raise StatusError(f"{title}: no point has a job directory yet")
+            _write(Path(output) if output else home / REPORT_FILE,
+                   render_comparison(runreport.compare(title, runs)))
+            return
+        job_id, directory, st = _resolve(jobs[0], job_dir)
+        assert isinstance(st, postmortem.JobStatus)
+        page = render_page(runreport.build(job_id, directory, st))
+    except (StatusError, ReportDependencyError) as e:
+        fail(str(e))
+    _write(Path(output) if output else directory / REPORT_FILE, page)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -14,9 +16,12 @@ from rich.table import Table
 from launchgen import tables
 from launchgen.cli.errors import fail
 from launchgen.readback.status import JobStatus, SchedulerInfo, StatusError, collect
-from launchgen.shared.jobdir import EXIT_STATUS_JOB_FAILED
+from launchgen.shared.jobdir import EXIT_STATUS_JOB_FAILED, LOCAL_JOB_ID
 from launchgen.shared.visible import log_line, visible
 from launchgen.tables import print_table, print_text
+
+if TYPE_CHECKING:
+    from launchgen.readback.sweep import SweepStatus
 
 #: exit status of `launchgen status` for a job that is over and did not complete (2 is bad usage)
 EXIT_JOB_FAILED = EXIT_STATUS_JOB_FAILED
@@ -110,6 +115,49 @@ def _print_rich(st: JobStatus) -> None:
             con.print(log_line(line), markup=False, highlight=False, soft_wrap=True)
 
 
+def _sweep(job_id: str, job_dir: str | None) -> SweepStatus | None:
+    """A job array's (or a sweep directory's) status; None for one job."""
+    from launchgen.readback import sweep as sweeps
+
+    if job_dir is not None:
+        return sweeps.from_dir(Path(job_dir)) if sweeps.is_sweep_dir(Path(job_dir)) else None
+    job_id = job_id.strip()
+    records = [] if job_id == LOCAL_JOB_ID else sweeps.array_records(job_id)
+    if records:
+        return sweeps.from_array(job_id, records)
+    # a --bash sweep, or an array the controller forgot: the default output_dir below where this is run from
+    cands = (Path.cwd(), Path.cwd() / "launchgen-runs" / job_id) if job_id == LOCAL_JOB_ID else \
+        (Path.cwd() / "launchgen-runs" / job_id,)
+    here = next((p for p in cands if sweeps.is_sweep_dir(p)), None)
+    return sweeps.from_dir(here) if here is not None else None
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+def _print_sweep(sw: SweepStatus, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(sw.to_dict(), indent=2))
+        return
+    con = tables.console()
+    over = sum(r.over for r in sw.rows)
+    print_text(con, f"sweep {sw.sweep}: {len(sw.rows)} points, {over} over" + (": FAILED" if sw.failed else ""))
+    t = Table(title="points")
+    for col in ("#", "point", "task", "state", "steps", "reward", "loss", "attempts"):
+        t.add_column(col)
+    for r in sw.rows:
+        t.add_row(str(r.index), escape(visible(r.name)), r.task or "", r.state, "" if r.steps is None else str(r.steps),
+                  _num(r.reward), _num(r.loss), str(r.attempts))
+    print_table(con, t, records_only=not con.is_terminal)
+    for n in sw.notes:
+        print_text(con, f"note: {n}")
+    if any(r.task for r in sw.rows):
+        print_text(con, "one point: launchgen status <its task's job id> (the task column)")
+    else:
+        print_text(con, f"one point: launchgen status local --job-dir {sw.sweep}/<point>")
+
+
 @click.command("status")
 @click.argument("job_id")
 @click.option("--job-dir", type=click.Path(file_okay=False), default=None,
@@ -136,6 +184,12 @@ def command(job_id: str, job_dir: str | None, fmt: str, lines: int) -> None:
 
       launchgen status local
     """
+    sweep = _sweep(job_id, job_dir)
+    if sweep is not None:
+        _print_sweep(sweep, fmt)
+        if sweep.failed:
+            sys.exit(EXIT_JOB_FAILED)
+        return
     try:
         st = collect(job_id, job_dir, lines)
     except StatusError as e:

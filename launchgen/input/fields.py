@@ -118,11 +118,34 @@ MemSize = Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a 
 Version = Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")]
 
 
+class FixedValueError(ValueError):
+    """A refused value whose fix is known from the value itself (`hints.value_fix` puts it in the Fix column)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+_UNIT_TIME = re.compile(r"\s*(\d+)\s*(d|day|days|h|hr|hrs|hour|hours|m|min|mins|minutes?)\s*", re.IGNORECASE)
+
+
+def _time_fix(value: str) -> str:
+    m = _UNIT_TIME.fullmatch(value)
+    unit = m[2].lower()[0] if m else ""
+    n = int(m[1]) if m else 0
+    written = {"d": f"{n}-00:00:00", "h": f"{n}:00:00" if n < 24 else f"{n // 24}-{n % 24:02d}:00:00",
+               "m": f"{n}"}.get(unit)
+    if written is not None:
+        return f"Write `time: \"{written}\"` (SLURM reads D-HH:MM:SS, HH:MM:SS or minutes, with no unit letters)."
+    return "Write it as SLURM reads it: `\"04:00:00\"` (HH:MM:SS), `\"1-00:00:00\"` (D-HH:MM:SS) or minutes (`240`)."
+
+
 def parse_time_limit(value: str) -> int:
     """SLURM time -> seconds, read as sbatch reads it: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`."""
     m = _TIME_RE.fullmatch(value)
     if not m:
-        raise ValueError(f"{value!r} is not a SLURM time limit (use HH:MM:SS, D-HH:MM:SS or minutes)")
+        raise FixedValueError(f"{value!r} is not a SLURM time limit (use HH:MM:SS, D-HH:MM:SS or minutes)",
+                              _time_fix(value))
     if m["days"] is not None:
         days, hours, minutes, seconds = (int(g or 0) for g in (m["days"], m["dh"], m["dm"], m["ds"]))
     else:

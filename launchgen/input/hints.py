@@ -26,7 +26,7 @@ def _alternatives(tp: Any) -> tuple[Any, ...]:
     return get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
 
 
-def _child(tp: Any, part: str | int) -> Any:
+def child(tp: Any, part: str | int) -> Any:
     """The annotation one step below `tp` (a model field, a list item, a dict value), or None."""
     for alt in _alternatives(tp):
         if _is_model(alt) and isinstance(part, str):
@@ -43,7 +43,7 @@ def model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseMode
     """The model class that validates the mapping at `loc` (relative to `root`), if it is one."""
     current: Any = root
     for part in loc:
-        current = _child(current, part)
+        current = child(current, part)
     return next((alt for alt in _alternatives(current) if _is_model(alt)), None)
 
 
@@ -102,8 +102,17 @@ def list_fix(error: dict[str, Any]) -> str | None:
         items = [str(i) for i in range(int(m[1]), int(m[2]) + 1)]
     elif isinstance(value, str) and re.fullmatch(r"\s*\w+(\s*,\s*\w+)*\s*,?\s*", value):
         items = [w.strip() for w in value.split(",") if w.strip()]
+    elif isinstance(value, str) and len(words := value.split()) > 1:  # a command line (script_args): its words
+        return f"Write a YAML list, one item per word: `[{', '.join(words)}]`."
     example = f"[{', '.join(items)}]" if items else "[0, 1, 2, 3]"
     return f"Write a YAML list, one item per entry: `{example}` (a range like `0-3` is not expanded)."
+
+
+def value_fix(error: dict[str, Any]) -> str | None:
+    """The fix a validator knew from the value (`fields.FixedValueError`)."""
+    raised = (error.get("ctx") or {}).get("error")
+    fix = getattr(raised, "fix", None)
+    return fix if isinstance(fix, str) else None
 
 
 def _kind(value: Any) -> str:

@@ -92,6 +92,8 @@ def issues_from_validation(
             fix = hints.choice_fix(dict(e)) or fix
         elif e["type"] == "list_type":
             fix = hints.list_fix(dict(e)) or fix
+        elif e["type"] == "value_error":
+            fix = hints.value_fix(dict(e)) or fix
         if e["type"] not in ("missing", *_NO_GOT) and "input" in e and not isinstance(e["input"], (dict, list)):
             msg = f"{msg} (got {e['input']!r})"
         issues.append(Issue(code, dotted(loc), msg, fix, "error", line_of(lines, loc), file))
@@ -195,7 +197,20 @@ def _empty_sections(data: dict[Any, Any], blank: set[str], lines: dict[LinePath,
                   "warning", lines.get(("vllm",)), file)]
 
 
-def load_spec_text(text: str, file: str | None = None) -> LoadedSpec:
+@dataclass
+class SpecData:
+    """A spec file read but not yet validated: its data, the line of every key path, the YAML tree."""
+
+    data: dict[str, Any]
+    text: str
+    file: str | None
+    lines: dict[LinePath, int]
+    root: yaml.Node | None = None
+    warnings: list[Issue] = field(default_factory=list)
+
+
+def read_spec_data(text: str, file: str | None = None) -> SpecData:
+    """The spec's YAML as data (LG001/LG004/LG006 for what is not a YAML mapping a spec can be)."""
     data, lines, root = _parse(text, file)
     if data is None:
         raise SpecError([Issue("LG001", "", "the spec is empty", "Start from `launchgen init`.", "error", 1, file)])
@@ -204,14 +219,32 @@ def load_spec_text(text: str, file: str | None = None) -> LoadedSpec:
             [Issue("LG001", "", "the spec must be a YAML mapping with sections job, model, ...",
                    "Start from `launchgen init`.", "error", 1, file)]
         )
-    warnings = _empty_sections(data, _blank_keys(root), lines, file)
+    return SpecData(data, text, file, lines, root, _empty_sections(data, _blank_keys(root), lines, file))
+
+
+def validate_spec_data(sd: SpecData) -> LoadedSpec:
+    """Read data -> a validated `Spec` (LG002-LG004 with the line of each key)."""
     try:
-        spec = Spec.model_validate(data)
+        spec = Spec.model_validate(sd.data)
     except ValidationError as exc:
-        found = issues_from_validation(exc, lines, file)
-        nodes = _nodes_by_path(root) if any(_type_mismatch(i) for i in found) else {}
+        found = issues_from_validation(exc, sd.lines, sd.file)
+        nodes = _nodes_by_path(sd.root) if any(_type_mismatch(i) for i in found) else {}
         raise SpecError([_quote_hint(i, nodes) for i in found]) from None
-    return LoadedSpec(spec=spec, path=file or "<spec>", text=text, lines=lines, warnings=warnings)
+    return LoadedSpec(spec=spec, path=sd.file or "<spec>", text=sd.text, lines=sd.lines, warnings=sd.warnings)
+
+
+def load_spec_text(text: str, file: str | None = None) -> LoadedSpec:
+    return validate_spec_data(read_spec_data(text, file))
+
+
+def read_spec_file(path: str | Path) -> SpecData:
+    """A spec file's data (`-`: stdin, reported as `<stdin>`), for callers that expand it before validating."""
+    file = "<stdin>" if str(path) == "-" else str(path)
+    try:
+        text = yamlguard.decode(read_spec_bytes(path))
+    except yamlguard.GuardError as exc:
+        raise _guard_issues(exc, file) from None
+    return read_spec_data(text, file)
 
 
 def load_spec_bytes(raw: bytes, file: str | None = None) -> LoadedSpec:

@@ -425,7 +425,13 @@ class TrainSpec(_Section):
         default=False,
         description="Liger's fused RMSNorm/RoPE/SwiGLU; Liger's GRPO loss too only with train.args model.liger_grpo_loss.",
     )
-    gradient_checkpointing: bool = Field(default=False)
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Recompute each layer's activations in backward (about a quarter more training FLOPs). `auto`: "
+        "on when the memory estimate says the training peak without it exceeds 90 % of the GPU (or "
+        "memory_budget_gib); `plan` prints the choice, the trainer decides again at start and, if its first step "
+        "still runs out of memory, retries it once with checkpointing on. trl.*: train.args' own value, else on.",
+    )
     cuda_version: Version | None = Field(
         default=None, description="CUDA version of the nodes (e.g. `12.8`), for known kernel-build failures."
     )

@@ -84,8 +84,13 @@ def compose(text: str) -> yaml.Node | None:
         problem = exc.problem or exc.context or str(exc).splitlines()[0]
         if "nesting depth" in problem:  # libyaml's own cap
             raise _deep() from None
-        raise _fail(f"not valid YAML: {problem}", "Fix the YAML syntax at that line.",
-                    mark.line + 1 if mark is not None else None) from None
+        lines = text.splitlines()
+        # a tab where YAML wants indentation: the parser's words ("cannot start any token") do not say so
+        tab = mark is not None and mark.line < len(lines) and "\t" in lines[mark.line][:mark.column + 1]
+        fix = ("YAML indents with spaces only: replace the tab(s) on that line with spaces." if tab
+               else "Fix the YAML syntax at that line.")
+        said = f" (a tab at column {mark.column + 1})" if tab and mark is not None and "tab" not in problem else ""
+        raise _fail(f"not valid YAML: {problem}{said}", fix, mark.line + 1 if mark is not None else None) from None
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         raise _fail(f"not valid YAML: character {exc.character!r} is not allowed in a YAML file",

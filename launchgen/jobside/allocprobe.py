@@ -26,8 +26,13 @@ ports with this attempt's values, the server's argv) and checks, on this node:
 * PF106 with HF_HUB_OFFLINE set, the model is readable here without the network (a local directory with its
   config.json, or a snapshot in the HF cache);
 * PF108 where a role on this node asks for bf16 on GPUs, each of its GPUs has compute capability >= 8.0
-  (`nvidia-smi`; without it, a note).
-* PF109 the model's config.json, where there is one, is a regular file; every file the probes read is opened
+  (`nvidia-smi`; without it, a note);
+* PF109 every command a role of this node runs is on PATH (after `slurm.setup`: `accelerate`, `vllm`, a container
+  runtime), and the trainer's Python (the interpreter of its `accelerate`) finds `launchgen.jobside.rank`, the trainer's
+  module and, for TRL's trainers, `trl` (`importlib.util.find_spec`: nothing is imported). Without it a job whose
+  environment is not active passes every other probe and ends minutes later with status 127 or a
+  ModuleNotFoundError in the trainer's log.
+* PF110 the model's config.json, where there is one, is a regular file; every file the probes read is opened
   without blocking and read only where it is one (a FIFO would hold the step for its bound).
 
 Each node writes `preflight-<node>.json` into the attempt's log folder and prints one line per failure; it exits 0
@@ -60,7 +65,8 @@ CODES = {
     "PF106": "the model is not readable offline (HF_HUB_OFFLINE is set)",
     "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
     "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
-    "PF109": "a file the spec names (the model's config.json) is not a regular file (a FIFO, a device, a directory)",
+    "PF109": "a command a role runs is not on PATH, or the trainer's Python cannot import launchgen or trl",
+    "PF110": "a file the spec names (the model's config.json) is not a regular file (a FIFO, a device, a directory)",
 }
 #: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
 EXIT_FAILED = 3
@@ -406,7 +412,7 @@ def _regular_text(path: Path, limit: int = 1 << 20) -> str | None:
 
 
 def model_files(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
-    """PF109: the model's config.json is there but not a regular file (transformers and vLLM would block on a
+    """PF110: the model's config.json is there but not a regular file (transformers and vLLM would block on a
     FIFO or fail on a directory when they load it)."""
     d = model_dir(model, env)
     if d is None:
@@ -418,7 +424,7 @@ def model_files(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
     if stat.S_ISREG(mode):
         return []
     kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-    return [("PF109", f"the model's {d / 'config.json'} is {kind}: loading the model would block or fail")]
+    return [("PF110", f"the model's {d / 'config.json'} is {kind}: loading the model would block or fail")]
 
 
 def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
@@ -445,6 +451,64 @@ def offline_model(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
         return [("PF106", f"HF_HUB_OFFLINE is set and the model {model} is neither a readable local directory nor "
                           "in the HF cache here (HF_HUB_CACHE / HF_HOME): loading would fail")]
     return []
+
+
+#: Run by the trainer's interpreter: which of the modules in argv it cannot find (find_spec imports only parents).
+_FIND_PY = """
+import importlib.util as u, json, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        found = u.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        missing.append(name)
+print(json.dumps(missing))
+"""
+_SETUP_FIX = "activate the job's environment in slurm.setup (e.g. `source /path/to/venv/bin/activate`)"
+
+
+def missing_modules(python: str, modules: list[str]) -> list[str] | None:
+    """The modules `python` cannot find; None when it cannot be asked."""
+    try:
+        p = subprocess.run([python, "-c", _FIND_PY, *modules], capture_output=True, text=True,
+                           timeout=META_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        out = json.loads(p.stdout) if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+    return [str(m) for m in out] if isinstance(out, list) else None
+
+
+def command_probes(record: dict[str, Any], roles: list[str], env: dict[str, str], facts: dict[str, Any], *,
+                   find: Callable[[str, list[str]], list[str] | None] = missing_modules) -> list[tuple[str, str]]:
+    """PF109 for the commands the roles of this node run (a role inside a pyxis image is the image's business)."""
+    path = env.get("PATH", "")
+    commands: list[tuple[str, list[str], list[str]]] = []
+    if "trainer" in roles and not facts.get("trainer_image"):
+        commands.append(("trainer", (record.get("trainer") or {}).get("argv") or [],
+                         list(facts.get("trainer_modules") or [])))
+    server = (record.get("server") or {}).get("argv") or []
+    if "server" in roles and server and not facts.get("server_image"):
+        commands.append(("server", server[0], []))
+    failures: list[tuple[str, str]] = []
+    for role, argv, modules in commands:
+        if not argv:
+            continue
+        word = os.path.expandvars(argv[0])
+        exe = shutil.which(word, path=path)
+        if exe is None:
+            shown = path if len(path) <= 160 else path[:157] + "..."
+            failures.append(("PF109", f"the {role} runs `{word}`, which is not on PATH here (PATH={shown}): "
+                                      f"{_SETUP_FIX}, or install it"))
+            continue
+        python = server_python([exe])
+        missing = find(python, modules) if python is not None and modules else None
+        if missing:
+            failures.append(("PF109", f"the {role}'s Python ({python}, which `{word}` runs) cannot import "
+                                      f"{', '.join(missing)}: {_SETUP_FIX}, or install launchgen"
+                                      + ("[train,trl]" if "trl" in modules else "[train]") + " there"))
+    return failures
 
 
 def _run_help(cmd: list[str]) -> str | None:
@@ -519,6 +583,7 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
         need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
         failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
     failures += offline_model(model, env) + model_files(model, env)
+    failures += command_probes(record, list(me["roles"]), env, facts)
     return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
             "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}
 

@@ -26,7 +26,15 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from launchgen.shared.jobdir import ENV_NODE_NAME, ENV_PID_DIR, EXIT_PREEMPTED, exit_file, pid_file
+from launchgen.shared.jobdir import (
+    ENV_NODE_NAME,
+    ENV_PID_DIR,
+    EXIT_PREEMPTED,
+    SIGNAL_NAMES,
+    TRAINER_ERROR_PREFIX,
+    exit_file,
+    pid_file,
+)
 
 
 def _rank_files(rank: str) -> tuple[Path, Path] | None:
@@ -63,6 +71,10 @@ def main(argv: list[str]) -> int:
         _write(files[0], f"{child.pid}\n")
     status = child.wait()
     code = status if status >= 0 else 128 - status
+    if status < 0 and -status not in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # not a stop passed on
+        name = SIGNAL_NAMES.get(-status, str(-status))
+        print(f"{TRAINER_ERROR_PREFIX}the trainer process (rank {rank}) was killed by SIG{name}", file=sys.stderr,
+              flush=True)
     if files is not None:
         _write(files[1], f"{code}\n")
         if code == EXIT_PREEMPTED:

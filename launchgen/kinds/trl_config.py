@@ -34,7 +34,7 @@ from launchgen.trainers.declarations.trl.entries import (
     TrlEntry,
     generation_field,
 )
-from launchgen.trainers.declarations.trl.fields import fields_of, problems
+from launchgen.trainers.declarations.trl.fields import coerce, fields_of, problems
 
 #: A `TrlOwned.value` that leaves the field to TRL's own default.
 SKIP = object()
@@ -80,6 +80,16 @@ def _or_skip(value: Any) -> Any:
     return SKIP if value is None else value
 
 
+def _checkpointing(t: Topology) -> bool:
+    """TRL has no `auto`, and launchgen does not estimate TRL's trainers: under `auto` the TRL config's own value
+    (a config carried over as it is), else TRL's default, on."""
+    value = t.spec.train.gradient_checkpointing
+    if value != "auto":
+        return value
+    user = t.spec.train.args.get("gradient_checkpointing")
+    return user if isinstance(user, bool) else True
+
+
 _VLLM_MODES = ("server", "colocate")
 _RESOLVED = "vllm.port / vllm.bind (the job resolves the server's address at run time)"
 
@@ -91,7 +101,7 @@ TRL_OWNED: tuple[TrlOwned, ...] = (
     TrlOwned("bf16", "train.precision", lambda t: _PRECISION[t.precision][0]),
     TrlOwned("fp16", "train.precision", lambda t: _PRECISION[t.precision][1]),
     TrlOwned("use_liger_kernel", "train.use_liger_kernel", lambda t: t.spec.train.use_liger_kernel),
-    TrlOwned("gradient_checkpointing", "train.gradient_checkpointing", lambda t: t.spec.train.gradient_checkpointing),
+    TrlOwned("gradient_checkpointing", "train.gradient_checkpointing", _checkpointing),
     TrlOwned("trust_remote_code", "model.trust_remote_code", lambda t: t.spec.model.trust_remote_code),
     TrlOwned("model_init_kwargs.trust_remote_code", "model.trust_remote_code",
              lambda t: t.spec.model.trust_remote_code),
@@ -184,6 +194,20 @@ def translated_generation(args: Mapping[str, Any], name: str) -> tuple[dict[str,
     return out, issues
 
 
+def _lacking(args: Mapping[str, Any], entry: TrlEntry) -> list[Issue]:
+    """LG924: launchgen's data options the TRL trainer has no counterpart for (the run config refuses them too)."""
+    out = []
+    for section in ("data", "eval_data"):
+        data = args.get(section)
+        if entry.data == "prompt" and isinstance(data, Mapping) and data.get("max_prompt_length") is not None:
+            out.append(Issue("LG924", f"train.args.{section}.max_prompt_length",
+                             f"trl.{entry.name} cannot truncate prompts: TRL {TRL_VERSION}'s {entry.config_class} "
+                             "has no prompt length (the bundled trainer's data.max_prompt_length)",
+                             f"Remove {section}.max_prompt_length and keep the prompts short in the data, or use "
+                             f"train.trainer: {entry.name} (the bundled trainer truncates them)."))
+    return out
+
+
 def trl_issues(spec: Spec, trainer: str, topology: Topology) -> list[Issue]:
     """LG920 (topology), LG901 (unknown TRL field, wrong kind), LG921 (contradicts the topology), unlocated."""
     name = _bare(trainer)
@@ -193,6 +217,7 @@ def trl_issues(spec: Spec, trainer: str, topology: Topology) -> list[Issue]:
     entry = TRL_ENTRIES[name]
     args = spec.train.args
     gen, out = translated_generation(args, name)
+    out += _lacking(args, entry)
     out += [Issue("LG901", f"train.args.{p.key}", p.message, p.fix) for p in problems(name, args)]
     out += [Issue("LG901", f"train.args.generation.{p.key}", p.message, p.fix) for p in problems(name, gen)]
     for row in TRL_OWNED:
@@ -234,6 +259,7 @@ def run_config_data(spec: Spec, trainer: str, topology: Topology) -> dict[str, A
             data[key] = args.pop(key)
     if isinstance(args.get("report_to"), list):  # launchgen's `jsonl`: metrics.jsonl is always written
         args["report_to"] = [r for r in args["report_to"] if r != "jsonl"]
+    args = coerce(name, args)
     entry = TRL_ENTRIES[name]
     for row in TRL_OWNED:
         if _applies(row, entry, topology.mode) and (value := row.value(topology)) is not SKIP:
@@ -372,7 +398,8 @@ def markdown_section() -> str:
             "### `train.script`: your own TRL script", "",
             "`train.script` (a `.py` path or a module) runs your script under `python -m launchgen.trainers.trl.script`,",
             "which installs the lifecycle around it with no line added: every `transformers.Trainer` gets launchgen's",
-            "callback (USR2/TERM -> `checkpoint-<step>` -> exit 75; metrics.jsonl and `[launchgen] step` lines), its",
+            "callback (USR2/TERM -> `checkpoint-<step>` -> exit 75; `[launchgen] step` lines, and metrics.jsonl in the",
+            "job's trainer directory, where `report` and `status` read it, even for a script that trains elsewhere), its",
             "`train()` resumes from the newest checkpoint of its output_dir when the script passes no",
             "`resume_from_checkpoint`, and a finished `train()` leaves the completion marker. `train.trainer: trl.<name>`",
             "names the TRL config the script parses. The job passes, in this order:",

@@ -6,17 +6,18 @@ Where each input comes from is said in the result (`Estimate.sources`), so `plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from launchgen.shared.estimate import (
-    DEFAULT_PROMPT_TOKENS,
     DTYPE_BYTES,
     LINK_GB_PER_S,
+    CheckpointChoice,
     ModelShape,
     RoleEstimate,
     SyncEstimate,
     TrainerSetup,
+    choose_checkpointing,
     gpu_hours,
     gpu_memory_gib,
     server_estimate,
@@ -24,8 +25,9 @@ from launchgen.shared.estimate import (
     sync_bytes,
     trainer_estimate,
 )
-from launchgen.shared.precision import resolve_precision, server_dtype, trainable_weight_dtype
-from launchgen.trainers.declarations.peft_config import ALL_LINEAR, FUSED_GROUPS
+from launchgen.shared.precision import server_dtype
+from launchgen.trainers.declarations import memory_setup
+from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
 
 if TYPE_CHECKING:
     from launchgen.input.spec import Spec
@@ -50,6 +52,7 @@ class Estimate:
     server: RoleEstimate | None = None
     trainer: RoleEstimate | None = None
     trainer_setup: TrainerSetup | None = None
+    checkpointing: CheckpointChoice | None = None  # what `gradient_checkpointing: auto` chose
     sync: SyncEstimate | None = None
     step_seconds: float | None = None
     steps: int | None = None
@@ -70,6 +73,7 @@ class Estimate:
             "gpu_memory_gib": self.gpu_gib,
             "server": None if self.server is None else self.server.to_json(),
             "trainer": None if self.trainer is None else self.trainer.to_json(),
+            "gradient_checkpointing": None if self.checkpointing is None else self.checkpointing.to_json(),
             "weight_sync": None if self.sync is None else self.sync.to_json(),
             "cost": {"step_seconds": self.step_seconds, "max_steps": self.steps, "gpus": self.gpus,
                      "gpu_hours": None if self.gpu_hours is None else round(self.gpu_hours, 2)},
@@ -109,58 +113,15 @@ def gpu_memory(spec: Spec, live_gib: float | None = None) -> tuple[float | None,
     return None, ""
 
 
-def lora_targets(shape: ModelShape, targets: list[str] | str) -> tuple[str, ...]:
-    """The layer linears PEFT's suffix match adapts (`all-linear`: every one)."""
-    names = tuple(shape.layer_linears())
-    if targets == ALL_LINEAR:
-        return names
-    return tuple(n for n in names if any(n == t or n.endswith("." + t) for t in targets))
-
-
-def needs_reference_copy(cfg: TrainerConfig) -> bool:
-    """A second, frozen copy of the weights: the objectives' `needs_reference` (KL with beta != 0, DPO) without
-    LoRA, whose reference is the policy with its adapters off."""
-    if cfg.peft is not None:
-        return False
-    ref = cfg.facts.reference
-    return ref == "always" or (ref == "with_beta" and bool(cfg.beta))
-
-
 def trainer_setup(spec: Spec, cfg: TrainerConfig, shape: ModelShape, layout: Layout,
                   colocated_gib: float) -> tuple[TrainerSetup, str]:
-    """What decides a trainer process's memory, from the spec and the trainer's resolved config; and where the
+    """What decides a trainer process's memory (`memory_setup.trainer_setup`, fed from the spec); and where the
     prompt length came from."""
-    precision = resolve_precision(spec)
-    peft = cfg.peft
     dist = spec.train.distributed
-    if cfg.facts.data == "examples":
-        prompt, completion, how = 0, cfg.max_length or 1024, f"{cfg.trainer}: max_length"
-    else:
-        completion = cfg.generation.max_completion_length
-        if spec.estimate.prompt_tokens is not None:
-            prompt, how = spec.estimate.prompt_tokens, "estimate.prompt_tokens"
-        elif cfg.data.max_prompt_length is not None:
-            prompt, how = cfg.data.max_prompt_length, "data.max_prompt_length"
-        else:
-            prompt, how = DEFAULT_PROMPT_TOKENS, f"assumed {DEFAULT_PROMPT_TOKENS} (set data.max_prompt_length)"
-    # Only `keep_kv_cache: true` holds the cache through training; the default `lend` hands it back first.
-    kept_kv = (cfg.facts.online and cfg.generation.backend == "hf" and cfg.generation.keep_kv_cache is True
-               and cfg.generation.hf_engine != "generate")
-    setup = TrainerSetup(
-        backend=spec.train.backend, processes=layout.world_size, precision=precision,
-        weight_dtype=trainable_weight_dtype(cfg.model.dtype, precision, lora=peft is not None,
-                                            modules_to_save=bool(peft and peft.modules_to_save)),
+    return memory_setup.trainer_setup(
+        cfg, shape, backend=spec.train.backend, processes=layout.world_size,
         offload_optimizer=dist.offload_optimizer, offload_params=dist.offload_params,
-        lora_r=None if peft is None else peft.r,
-        lora_targets=() if peft is None else lora_targets(shape, peft.target_modules),
-        modules_to_save=() if peft is None else tuple(peft.modules_to_save),
-        reference_copy=needs_reference_copy(cfg), gradient_checkpointing=cfg.model.gradient_checkpointing,
-        rows=cfg.per_device_train_batch_size, prompt_tokens=prompt, completion_tokens=completion,
-        max_tokens_per_forward=cfg.max_tokens_per_forward, logits_chunk_mib=cfg.model.logits_chunk_mib,
-        generation_kv_rows=cfg.per_device_train_batch_size * (cfg.steps_per_generation or 1) if kept_kv else 0,
-        colocated_gib=colocated_gib,
-    )
-    return setup, how
+        prompt_tokens=spec.estimate.prompt_tokens, colocated_gib=colocated_gib)
 
 
 def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | None, layout: Layout, *,
@@ -202,7 +163,16 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
                         est.server.total_gib
         if cfg is not None:
             est.trainer_setup, how = trainer_setup(spec, cfg, shape, layout, colocated)
+            if cfg.model.gradient_checkpointing == "auto":
+                # the rows and the checks then judge what the trainer will run; it decides again at start
+                est.checkpointing = choose_checkpointing(shape, est.trainer_setup, gib, cfg.memory_budget_gib)
+                if est.checkpointing is not None:
+                    est.trainer_setup = replace(est.trainer_setup, gradient_checkpointing=est.checkpointing.on)
             est.trainer = trainer_estimate(shape, est.trainer_setup, gib)
+            if cfg.model.gradient_checkpointing == "auto":
+                est.trainer.notes.append("gradient checkpointing " + (
+                    est.checkpointing.describe() if est.checkpointing is not None else
+                    "auto: decided by the trainer at start (the GPU's memory is not known here)"))
             if spec.train.distributed.deepspeed_config is not None:
                 est.trainer.notes.append("train.distributed.deepspeed_config is not read: estimated as "
                                          f"{spec.train.backend} without offload")

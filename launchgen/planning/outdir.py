@@ -56,3 +56,10 @@ def expand(path: str, *, job_id: str, job_name: str, user: str, env: Mapping[str
         out += _percent(path[pos:m.start()], codes) + env[name]
         pos = m.end()
     return out + _percent(path[pos:], codes)
+
+
+def for_point(path: str, point: str) -> str:
+    """A sweep point's `job.output_dir`: the sweep's directory (`path` with `%j` read as the array's job id, `%A`,
+    which every task of an array and every attempt of a requeued task share) and the point's name below it."""
+    swept = _PCT.sub(lambda m: "%A" if m.group(1) == "j" else m.group(0), path)
+    return f"{swept.rstrip('/')}/{point}" if swept.rstrip("/") else f"/{point}"

@@ -186,6 +186,18 @@ def tail(path: str | Path, lines: int) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()
 
 
+#: How much of a failed role's log `trainer_reason` reads: the reason is among the last lines a trainer writes.
+_REASON_TAIL_LINES = 400
+
+
+def trainer_reason(path: str | Path | None) -> str | None:
+    """The trainer's own one-line reason for failing (`jobdir.trainer_error`), from the end of its log."""
+    try:
+        return J.trainer_error("\n".join(tail(path, _REASON_TAIL_LINES))) if path else None
+    except OSError:
+        return None
+
+
 # ------------------------------------------------------------------------------------- finding the dir ---
 
 _OUTPUT_DIR_RE = re.compile(rf"^{J.OUTPUT_DIR_VAR}=(.+)$", re.M)

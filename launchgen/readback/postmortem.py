@@ -25,7 +25,9 @@ from launchgen.readback.jobfiles import (
     Seen,
     find_batch_log,
     read_job_dir,
+    read_metrics,
     tail,
+    trainer_reason,
 )
 from launchgen.readback.slurmquery import SchedulerInfo, StepInfo
 from launchgen.shared import jobdir as J
@@ -162,9 +164,12 @@ def _job_roles(f: _Facts) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------- how a role ended ---
 
 
-def how_ended(ev: Event) -> tuple[str, str]:
-    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it)."""
-    return _how(ev)
+def how_ended(ev: Event, log: str | None = None) -> tuple[str, str]:
+    """(state, sentence) for a role-ending event (`launchgen report` labels every attempt's ends with it); for a
+    failed trainer with its log, the sentence ends with the trainer's own reason (its exception, not its status)."""
+    state, how = _how(ev)
+    reason = trainer_reason(log) if ev.role == "trainer" and state in ("failed", "killed") else None
+    return state, f"{how}: {reason}" if reason else how
 
 
 def _how(ev: Event) -> tuple[str, str]:
@@ -199,11 +204,11 @@ def _from_end_event(f: _Facts, role: str, nodes: list[str]) -> RoleOutcome | Non
     if not ends:
         return None
     ev = min(ends, key=lambda e: e.ts if e.ts is not None else float("inf"))
-    state, how = _how(ev)
     if ev.node and ev.node not in nodes:
         nodes.append(ev.node)
     role_logs = f.role_logs(role)
     log = next((lg.path for lg in role_logs if lg.node == ev.node), role_logs[0].path if role_logs else None)
+    state, how = how_ended(ev, log)
     return RoleOutcome(role, nodes, state, how, ev.exit_code, ev.signal, ev.ts, log)
 
 
@@ -407,8 +412,13 @@ def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOu
         parts = [_local_state(job_end)]
     else:
         parts = [f"job {(info.state or '?') if info else 'unknown to the scheduler'}"]
-    if info and info.exit_code is not None:
+    if info and info.exit_code is not None and info.finished:  # a queued or running job's ExitCode is 0:0
         parts[0] += f" (exit {info.exit_code}" + (f", signal {info.exit_signal}" if info.exit_signal else "") + ")"
+    pending = info is not None and (info.state or "").startswith("PENDING")
+    if pending and info is not None:
+        start = info.start_time if info.start_time not in (None, "Unknown", "None") else None
+        parts[0] += (f", expected to start {start.replace('T', ' ')}" if start else ", no start time estimated yet") \
+            + (f" ({info.reason})" if info.reason and info.reason != "None" else "")
     if info and (info.state or "").startswith("TIMEOUT"):
         parts.append("stopped by the time limit")
     if first is not None:
@@ -419,6 +429,19 @@ def _summary(info: SchedulerInfo | None, roles: list[RoleOutcome], first: RoleOu
     elif any(r.state == "running" for r in roles):
         parts.append("running: " + ", ".join(r.role for r in roles if r.state == "running"))
     return "; ".join(parts)
+
+
+def _progress(job_dir: Path | None, record: J.RunRecord | None) -> str | None:
+    """What the trainer's metrics.jsonl says was trained: the last step, its reward and loss."""
+    if job_dir is None:
+        return None
+    metrics, _ = read_metrics(job_dir, record)
+    if not metrics:
+        return None
+    last = metrics[-1]
+    said = [f"{key} {value:.4g}" for key in ("reward", "loss") if isinstance(value := last.values.get(key), float)]
+    return (f"trained: step {last.step} last recorded ({len(metrics)} metrics record(s))"
+            + (f"; last {', '.join(said)}" if said else ""))
 
 
 def analyse(job_id: str, info: SchedulerInfo | None, accounting: str, steps: list[StepInfo],
@@ -437,6 +460,7 @@ def analyse(job_id: str, info: SchedulerInfo | None, accounting: str, steps: lis
         logs=jd.logs, failed_log=failed_log,
         failed_log_tail=tail(failed_log, lines) if failed_log and Path(failed_log).is_file() else [],
         events_file=jd.events_file, plan_file=jd.plan_file,
-        notes=[*jd.notes, *_event_notes(f), *_replica_notes(replica_states(f.events))],
+        notes=[*jd.notes, *_event_notes(f), *_replica_notes(replica_states(f.events)),
+               *filter(None, [_progress(job_dir, jd.record)])],
         batch_log=batch_log, failed=failed, over=f.finished is not False, replicas=replica_states(f.events),
     )

@@ -11,7 +11,7 @@ import html
 import time
 from typing import Any
 
-from launchgen.readback.runreport import Curve, Lane, RunReport
+from launchgen.readback.runreport import COMPARED, Comparison, Curve, Lane, RunReport
 
 INSTALL_HINT = "launchgen report draws with plotly: pip install 'launchgen[report]'"
 
@@ -104,6 +104,18 @@ _COLS = ((0.0, 0.44), (0.56, 1.0))
 _ROWS = ((0.76, 1.0), (0.38, 0.62), (0.0, 0.24))
 
 
+def _panel(layout: dict[str, Any], i: int, title: str, xd: tuple[float, float], yd: tuple[float, float]) -> str:
+    """Panel `i` of a grid: its axes over the paper domains `xd` x `yd` (x is the step), its title above it; the
+    axes' suffix (`""`, `"2"`, ...) its traces name."""
+    n = "" if i == 0 else str(i + 1)
+    layout[f"xaxis{n}"] = {"domain": list(xd), "anchor": f"y{n}", "title": {"text": "step"}}
+    layout[f"yaxis{n}"] = {"domain": list(yd), "anchor": f"x{n}", "automargin": True}
+    layout["annotations"].append({"text": title, "showarrow": False, "xref": "paper", "yref": "paper",
+                                  "x": sum(xd) / 2, "y": yd[1], "xanchor": "center", "yanchor": "bottom",
+                                  "font": {"size": 15}})
+    return n
+
+
 def curves_figure(rep: RunReport) -> Figure:
     panels = list(rep.curves.items())
     titles = [panels[0][0], panels[1][0], panels[2][0], "step time split (s)", panels[3][0], panels[4][0]]
@@ -114,13 +126,8 @@ def curves_figure(rep: RunReport) -> Figure:
                                         "xanchor": "left"},
                               "margin": {"l": 10, "r": 10, "t": 70, "b": 40}, "annotations": []}
     for i, (title, curves) in enumerate(zip(titles, content, strict=True)):
-        n = "" if i == 0 else str(i + 1)
         xd, yd = _COLS[i % 2], _ROWS[i // 2]
-        layout[f"xaxis{n}"] = {"domain": list(xd), "anchor": f"y{n}", "title": {"text": "step"}}
-        layout[f"yaxis{n}"] = {"domain": list(yd), "anchor": f"x{n}", "automargin": True}
-        layout["annotations"].append({"text": title, "showarrow": False, "xref": "paper", "yref": "paper",
-                                      "x": sum(xd) / 2, "y": yd[1], "xanchor": "center", "yanchor": "bottom",
-                                      "font": {"size": 15}})
+        n = _panel(layout, i, title, xd, yd)
         if not curves:
             layout["annotations"].append({"text": "not recorded by this run", "showarrow": False,
                                           "font": {"color": "#888"}, "xref": "paper", "yref": "paper",
@@ -137,16 +144,19 @@ def curves_figure(rep: RunReport) -> Figure:
     return {"data": data, "layout": layout}
 
 
+#: what both pages look like (a format argument: its braces are CSS's)
+_STYLE = """body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; margin-bottom: .2em; }
+.notes li { color: #666; }
+table { border-collapse: collapse; font-size: .9em; margin: 1em 0; }
+td, th { border: 1px solid #ddd; padding: .25em .6em; text-align: left; }"""
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>launchgen report: {title}</title>
 <style>
-body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.4em; margin-bottom: .2em; }}
+{style}
 .summary {{ font-size: 1.05em; margin: .3em 0 1em; }}
-.notes li {{ color: #666; }}
-table {{ border-collapse: collapse; font-size: .9em; margin: 1em 0; }}
-td, th {{ border: 1px solid #ddd; padding: .25em .6em; text-align: left; }}
 td:nth-child(-n+2), th {{ white-space: nowrap; }}
 .first {{ color: #d62728; font-weight: bold; }}
 </style></head><body>
@@ -179,6 +189,56 @@ def render_page(rep: RunReport) -> str:
     curves = pio.to_html(curves_figure(rep), full_html=False, include_plotlyjs=False, config=_PLOT_CONFIG,
                          div_id="curves-plot", validate=False)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in rep.notes)
-    return _PAGE.format(title=html.escape(rep.title), summary=html.escape(rep.summary),
+    return _PAGE.format(style=_STYLE, title=html.escape(rep.title), summary=html.escape(rep.summary),
                         job_dir=html.escape(rep.job_dir), notes=f'<ul class="notes">{notes}</ul>' if notes else "",
                         timeline=timeline, curves=curves, rows="\n".join(_lane_row(ln) for ln in rep.lanes))
+
+
+def comparison_figure(cmp: Comparison) -> Figure:
+    """One panel per compared metric (2 x 2), one line per run; a run keeps its colour and legend entry across
+    the panels (clicking it hides the run everywhere)."""
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {"height": 700, "margin": {"l": 10, "r": 10, "t": 40, "b": 40}, "annotations": []}
+    runs = [name for name, _step, _final in cmp.final]
+    palette = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac")
+    for i, (title, curves) in enumerate(cmp.curves.items()):
+        n = _panel(layout, i, title, _COLS[i % 2], ((0.58, 1.0), (0.0, 0.42))[i // 2])
+        for c in curves:
+            k = runs.index(c.title)
+            data.append({"type": "scatter", "mode": "lines+markers", "name": c.title, "x": c.steps, "y": c.values,
+                         "xaxis": f"x{n}", "yaxis": f"y{n}", "legendgroup": c.title, "showlegend": i == 0,
+                         "line": {"color": palette[k % len(palette)]}})
+    return {"data": data, "layout": layout}
+
+
+_COMPARISON_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>launchgen report: {title}</title>
+<style>
+{style}
+</style></head><body>
+<h1>launchgen report: {title}</h1>
+{notes}
+<table id="final"><tr><th>run</th><th>steps</th>{heads}</tr>
+{rows}
+</table>
+<div id="curves" class="figure">{curves}</div>
+</body></html>
+"""
+
+
+def _final_cell(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+def render_comparison(cmp: Comparison) -> str:
+    """Several runs' curves overlaid and their final metrics in a table, plotly.js inlined once."""
+    curves = _pio().to_html(comparison_figure(cmp), full_html=False, include_plotlyjs=True, config=_PLOT_CONFIG,
+                            div_id="comparison-plot", validate=False)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in cmp.notes)
+    rows = "\n".join(f"<tr><td>{html.escape(name)}</td><td>{step}</td>"
+                     + "".join(f"<td>{_final_cell(final[key])}</td>" for _t, key in COMPARED) + "</tr>"
+                     for name, step, final in cmp.final)
+    return _COMPARISON_PAGE.format(style=_STYLE, title=html.escape(cmp.title), notes=f'<ul class="notes">{notes}</ul>' if notes
+                                   else "", heads="".join(f"<th>{html.escape(t)}</th>" for t, _k in COMPARED),
+                                   rows=rows, curves=curves)

@@ -152,11 +152,12 @@ def _server_lane(attempt: int, name: str, node: str, replica: int, start: float 
     return lane
 
 
-def _trainer_lane(attempt: int, node: str, start: float | None, end: float | None, events: list[Event]) -> Lane:
+def _trainer_lane(attempt: int, node: str, start: float | None, end: float | None, events: list[Event],
+                  log: str | None) -> Lane:
     lane = Lane(attempt, "trainer", node, start, end, "")
     t_end = next((e for e in events if e.event == Seen.STEP_EXIT and e.role == "trainer"), None)
     if t_end is not None and t_end.ts is not None:
-        _state, lane.how = postmortem.how_ended(t_end)
+        _state, lane.how = postmortem.how_ended(t_end, log)
         lane.end = t_end.ts
         lane.marks.append(Mark(t_end.ts, "end", lane.how))
     return lane
@@ -197,7 +198,9 @@ def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
     lanes = [job]
     lanes += [_server_lane(attempt, name, node, replica, started("server", replica), job.end, events)
               for name, node, replica in server_logs]
-    lanes += [_trainer_lane(attempt, node, started("trainer", 0), job.end, events) for _n, node, _r in trainer_logs]
+    trainer_log = {lg.node: lg.path for lg in logs if lg.role == "trainer"}
+    lanes += [_trainer_lane(attempt, node, started("trainer", 0), job.end, events, trainer_log.get(node))
+              for _n, node, _r in trainer_logs]
     _mark_steps(lanes, metrics, job.start, job.end)
     _mark_first_to_end(lanes)
     return lanes
@@ -286,3 +289,35 @@ def build(job_id: str, job_dir: Path, status: postmortem.JobStatus | None = None
                      curves=_curves(metrics),
                      phases=[c for k, label in PHASES if (c := _curve(metrics, k, label)) is not None],
                      notes=[*contents.notes, *notes], steps=len(metrics))
+
+
+# -------------------------------------------------------------------------------------- several runs ---
+
+#: the panels a comparison overlays (one line per run each) and the final metrics its table shows
+COMPARED = (("reward", REWARD), ("loss", LOSS), ("KL to the reference", KL), ("step time (s)", "time/step"))
+
+
+@dataclass
+class Comparison:
+    """Several runs (a sweep's points) side by side: each panel has one line per run, titled by the run's name;
+    `final` is each run's last logged value of each compared metric (None: not logged)."""
+
+    title: str
+    curves: dict[str, list[Curve]]
+    final: list[tuple[str, int, dict[str, float | None]]]  # (run, last step, metric -> last value)
+    notes: list[str]
+
+
+def compare(title: str, runs: list[tuple[str, Path]]) -> Comparison:
+    curves: dict[str, list[Curve]] = {panel: [] for panel, _k in COMPARED}
+    final, notes = [], []
+    for name, job_dir in runs:
+        metrics, why = F.read_metrics(job_dir, F.read_job_dir(job_dir, True).record)
+        notes += [f"{name}: {n}" for n in why]
+        for panel, key in COMPARED:
+            if (c := _curve(metrics, key, name)) is not None:
+                curves[panel].append(c)
+        last = {key: next((m.values[key] for m in reversed(metrics) if m.values.get(key) is not None), None)
+                for _panel, key in COMPARED}
+        final.append((name, metrics[-1].step if metrics else 0, last))
+    return Comparison(title, curves, final, notes)

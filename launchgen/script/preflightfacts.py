@@ -10,6 +10,9 @@
 * `bf16`: the roles that ask for bf16 on GPUs (the trainer's precision, the server's dtype).
 * `server_image`: the image a pyxis server runs in (its `vllm` is not on the host the preflight runs on: nothing
   of the server's installation is judged there), or None.
+* `trainer_image`: the same for a pyxis trainer (its `accelerate` and Python are inside the image), or None.
+* `trainer_modules`: what the trainer's Python must import (`launchgen.jobside.rank`, the trainer's module, `trl` for TRL's
+  trainers): the node asks that Python with `importlib.util.find_spec`, which runs none of them.
 * `checkpoint_bytes_per_param`: what one checkpoint holds per model parameter (full fine-tuning with a bundled
   trainer: weights and AdamW state, `estimate.checkpoint_bytes_per_param`); None where only the weights' size is
   known to be written (LoRA: the adapters, then the merged model; TRL's trainers). The node multiplies it by the
@@ -22,6 +25,7 @@ import json
 import re
 from typing import Any
 
+from launchgen.jobside import rank
 from launchgen.planning.model import Plan
 from launchgen.shared import compat
 from launchgen.shared.estimate import checkpoint_bytes_per_param
@@ -42,10 +46,19 @@ def server_flags(argv: list[str]) -> list[str]:
     return sorted({w.split("=", 1)[0].replace("_", "-") for w in words if _FLAG.fullmatch(w.split("=", 1)[0])})
 
 
+def trainer_modules(module: str) -> list[str]:
+    """What the trainer's interpreter imports to run `module` under the job's rank wrapper."""
+    return [rank.__name__, module, *(["trl"] if module.startswith("launchgen.trainers.trl") else [])]
+
+
 def facts(plan: Plan) -> dict[str, Any]:
     spec = plan.spec
     out: dict[str, Any] = {"vllm_flags": {}, "routes": {}, "plugin": None, "bf16": [], "server_image": None,
+                           "trainer_image": None, "trainer_modules": trainer_modules(plan.trainer.module),
                            "checkpoint_bytes_per_param": None}
+    tc = plan.trainer.container
+    if tc is not None and not tc.prefix:
+        out["trainer_image"] = tc.image
     if plan.server is not None:
         c = plan.server.container
         if c is not None and not c.prefix:  # pyxis: the command runs inside the image, srun's options put it there

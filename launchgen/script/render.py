@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ from launchgen.shared import jobdir, ports
 from launchgen.shared.issues import SpecError
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
+#: The script shows what the job runs (its role steps, the resolved configs and spec) under the first rule, right
+#: after the `#SBATCH` block, and launchgen's own machinery under the second (the goldens are cut there).
+REQUEST_RULE = "# ======== what this job runs ".ljust(80, "=")
+MACHINERY_RULE = "# ======== launchgen's machinery ".ljust(80, "=")
 
 
 def _template_dir() -> Path:
@@ -147,7 +152,7 @@ def environment() -> jinja2.Environment:
 def _context(plan: Plan, sched: SchedulerProfile) -> dict[str, Any]:
     # the job-directory contract's names (events, time format, run-record writer) come from launchgen.shared.jobdir
     return {"plan": plan, "sched": sched, "Ref": Ref, "preflight_timeout": allocprobe.STEP_TIMEOUT_S,
-            **jobdir.template_context()}
+            "request_rule": REQUEST_RULE, "machinery_rule": MACHINERY_RULE, **jobdir.template_context()}
 
 
 def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
@@ -155,6 +160,7 @@ def render_steps(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     env = environment()
     ctx = _context(plan, profile(scheduler))
     steps = {"steps/trainer.sh": env.get_template("steps/trainer.sh.j2").render(ctx),
+             "steps/lib.sh": env.get_template("steps/lib.sh.j2").render(ctx),
              "steps/signal.sh": env.get_template("steps/signal.sh.j2").render(ctx)}
     if plan.preflight:
         steps["steps/preflight.sh"] = env.get_template("steps/preflight.sh.j2").render(ctx)
@@ -179,13 +185,25 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     return files
 
 
-def render_script(plan: Plan, scheduler: SchedulerName) -> str:
-    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler."""
+def request_paths(plan: Plan) -> list[str]:
+    """The files that say what the job runs, in the order the script shows them: the server step of each replica,
+    the trainer step, the trainer's and accelerate's configs, the resolved spec."""
+    servers = [r.step for r in plan.server.replicas] if plan.server is not None else []
+    return [*servers, "steps/trainer.sh", plan.layout.trainer_config, plan.layout.accelerate_config, plan.layout.spec]
+
+
+def render_script(plan: Plan, scheduler: SchedulerName, extra_files: Mapping[str, str] | None = None) -> str:
+    """The self-contained job script. Raises SpecError (LG909) for a multi-node plan under a one-machine scheduler.
+    `extra_files` (relative path -> text) are written into the job directory beside the plan's (a sweep's record)."""
     sched = profile(scheduler)
     if sched.loopback:
         problems = bash_issues(plan)
         if problems:
             raise SpecError(problems)
     ctx = _context(plan, sched)
-    ctx["files"] = render_files(plan, scheduler)
+    files = {**render_files(plan, scheduler), **(extra_files or {})}
+    request = request_paths(plan)
+    ctx["files"] = files  # every file, for the records a re-run keeps aside
+    ctx["request_files"] = {path: files[path] for path in request}
+    ctx["program_files"] = {path: text for path, text in files.items() if path not in request}
     return environment().get_template(sched.template).render(ctx)

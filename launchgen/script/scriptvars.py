@@ -133,6 +133,19 @@ PID_DIR = _var(J.ENV_PID_DIR, "the attempt's pid directory: launchgen.jobside.ra
 NODE_NAME = _var(J.ENV_NODE_NAME, "the node a trainer rank runs on (its pid directory's name)")
 COLOCATE_MASTER_PORT = _var(J.ENV_COLOCATE_MASTER_PORT, "vLLM colocate's process-group port, for the trainer")
 
+# --- a sweep's --bash driver (templates/sweep_bash.j2) ----------------------------------------------------------
+LG_SWEEP_STOP = _var("LG_SWEEP_STOP", "1 once Ctrl-C or TERM arrived: no further point starts")
+LG_SWEEP_FAILED = _var("LG_SWEEP_FAILED", "1 once a point ended non-zero: the driver's exit status")
+LG_SWEEP_RESULTS = _var("LG_SWEEP_RESULTS", "`<point>: exit <status>` of each point run, for the last line")
+LG_SWEEP_SLOTS = _var("LG_SWEEP_SLOTS", "how many points run side by side: sweep.max_parallel, fewer where this "
+                      "machine's GPUs do not hold that many points")
+LG_SWEEP_DEVICES = _var("LG_SWEEP_DEVICES", "this machine's GPUs (CUDA_VISIBLE_DEVICES, else nvidia-smi), sliced "
+                        "between the slots")
+LG_SWEEP_PIDS = _var("LG_SWEEP_PIDS", "the running points' scripts, one per slot")
+LG_SWEEP_NAMES = _var("LG_SWEEP_NAMES", "their names, for the results")
+SWEEP_SLOT = _var("LAUNCHGEN_SWEEP_SLOT", "a point's slot among those running side by side under a sweep's --bash "
+                  "driver: its port offset (job.port_offset: job_id) instead of the script's PID")
+
 #: Heredoc delimiters, not variables: a Python program the script runs (`python3 - <<'LAUNCHGEN_PY'`), and the
 #: files the script embeds (`render.heredoc`: the prefix + a hash of the content, so no content line can end it).
 PY_HEREDOC = "LAUNCHGEN_PY"

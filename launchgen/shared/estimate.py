@@ -466,6 +466,50 @@ def allocated_gib(e: RoleEstimate) -> float:
     return e.total_gib - TRAINER_RESERVE_GIB
 
 
+# --- gradient checkpointing: auto --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """What `gradient_checkpointing: auto` chose, and from what: the trainer's estimated peak with checkpointing
+    off and on, against the limit (the GPU less a colocated engine's share, or `memory_budget_gib`)."""
+
+    on: bool
+    peak_off_gib: float
+    peak_on_gib: float
+    limit_gib: float
+    limit_what: str  # "the 79.6 GiB GPU", "memory_budget_gib 20"
+
+    def describe(self) -> str:
+        """One line (plan's summary and the trainer's start-up log say the same)."""
+        room, off = f"{1 - MARGIN:.0%} of {self.limit_what}", f"~{self.peak_off_gib:.1f} GiB without it"
+        return f"on (auto): {off}, over {room} (~{self.peak_on_gib:.1f} with it)" if self.on else \
+            f"off (auto): {off}, within {room}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def choose_checkpointing(shape: ModelShape, s: TrainerSetup, gpu_gib: float | None,
+                         budget_gib: float | None = None) -> CheckpointChoice | None:
+    """`gradient_checkpointing: auto`: on when the trainer's estimated peak with it off is over (1 - MARGIN) of
+    the limit, the threshold above which `plan` calls a trainer tight, so auto never picks what the plan would
+    warn about. The recomputed forward costs about a quarter of the training phase's FLOPs, paid only where the
+    activations would not fit. The limit is `memory_budget_gib` where set (compared with what the allocator
+    counts, as the budget means), else the GPU less a colocated engine's share; None when neither is known."""
+    off = trainer_estimate(shape, replace(s, gradient_checkpointing=False), gpu_gib)
+    on = trainer_estimate(shape, replace(s, gradient_checkpointing=True), gpu_gib)
+    if budget_gib is not None:
+        peak_off, peak_on, limit = allocated_gib(off), allocated_gib(on), budget_gib
+        what = f"memory_budget_gib {budget_gib:g}"
+    elif off.budget_gib is not None and gpu_gib is not None:
+        peak_off, peak_on, limit = off.total_gib, on.total_gib, off.budget_gib
+        what = f"the {gpu_gib:.1f} GiB GPU" + (" less the colocated vLLM" if s.colocated_gib else "")
+    else:
+        return None
+    return CheckpointChoice(peak_off > (1 - MARGIN) * limit, peak_off, peak_on, limit, what)
+
+
 # --- what to change when it does not fit ---------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ A bare word after a `key=value` continues that value (a space-separated node lis
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -188,6 +189,23 @@ def exit_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
 LOGS_ANNOUNCEMENT = "logs in"
 #: the script's variable holding job.output_dir as written (`scontrol write batch_script` shows it)
 OUTPUT_DIR_VAR = "LG_OUTPUT_DIR"
+
+
+#: How a trainer's failure reaches the job's summary ("the trainer says: ..."), `status` and `report`: the trainer's
+#: one-line reason, the last line it writes to its log (`launchgen.trainers.declarations.errors`: a refused config, or the
+#: exception with the file:line of the user's code; `launchgen.rank`: a death by signal). Read as the first such line.
+TRAINER_ERROR_PREFIX = "error: "
+#: lines of the wrappers around the trainer that restate its failure, never its reason (accelerate launch re-raises
+#: the rank's exit status as these)
+WRAPPER_ERROR_LINES = ("subprocess.CalledProcessError: ", "RuntimeError: Traceback", "RuntimeError: error: ")
+
+
+def trainer_error(text: str) -> str | None:
+    """The trainer's own reason in a role log's text (TRAINER_ERROR_PREFIX stripped); None when it wrote none."""
+    for line in text.splitlines():
+        if line.startswith(TRAINER_ERROR_PREFIX):
+            return line[len(TRAINER_ERROR_PREFIX):].strip()
+    return None
 
 
 def announced_job_dirs(text: str) -> list[str]:
@@ -494,4 +512,46 @@ def template_context() -> dict[str, Any]:
         "run_record_writer": RUN_RECORD_WRITER,
         "pid_dir_var": ENV_PID_DIR,
         "logs_announcement": LOGS_ANNOUNCEMENT,
+        "wrapper_error_lines": WRAPPER_ERROR_LINES,
     }
+
+
+# ------------------------------------------------------------------------------------------------ sweeps ---
+
+#: in each point's job directory of a sweep (`launchgen.input.sweep`): every point's index, name and values, and
+#: which point this is. `launchgen status` finds the other points beside it by their names.
+SWEEP_FILE = "launchgen-sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """The sweep a job directory's run is a point of."""
+
+    index: int
+    #: (index, name, {dotted path: value}) of every point, in index order
+    points: tuple[tuple[int, str, dict[str, Any]], ...]
+
+    @property
+    def name(self) -> str:
+        return next((n for i, n, _v in self.points if i == self.index), "")
+
+    def to_text(self) -> str:
+        points = [{"index": i, "name": n, "values": v} for i, n, v in self.points]
+        return json.dumps({"point": self.index, "points": points}, indent=2, sort_keys=True, default=str) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str) -> SweepRecord | None:
+        """None for anything that is not a record this module wrote (a hand edit, a torn write)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("point"), int) or \
+                not isinstance(data.get("points"), list):
+            return None
+        points = []
+        for p in data["points"]:
+            if not (isinstance(p, dict) and isinstance(p.get("index"), int) and isinstance(p.get("name"), str)):
+                return None
+            points.append((p["index"], p["name"], p["values"] if isinstance(p.get("values"), dict) else {}))
+        return cls(data["point"], tuple(points))

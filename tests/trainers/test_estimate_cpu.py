@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 from launchgen.trainers.core import Trainer
+from launchgen.trainers.declarations import memory_setup
 from launchgen.trainers.declarations.config import TrainerConfig
 from toy_runs import toy_cfg
 
-from launchgen.planning.estimate_spec import lora_targets, needs_reference_copy
 from launchgen.shared.estimate import GIB, ModelShape, TrainerSetup, allocated_gib, trainer_estimate
 from launchgen.shared.precision import trainable_weight_dtype
 
@@ -49,15 +49,7 @@ def test_state_bytes_match_the_trainer_after_a_step(tmp_path: Path, tiny_model_d
     assert shape is not None
     if variant != "lora":
         assert shape.parameter_count() == sum(p.numel() for p in params)  # config.json's count is the model's
-    peft = cfg.peft
-    setup = TrainerSetup(
-        backend="ddp", processes=1, precision=cfg.precision,
-        weight_dtype=trainable_weight_dtype(cfg.model.dtype, cfg.precision, lora=peft is not None,
-                                            modules_to_save=bool(peft and peft.modules_to_save)),
-        lora_r=None if peft is None else peft.r,
-        lora_targets=() if peft is None else lora_targets(shape, peft.target_modules),
-        reference_copy=needs_reference_copy(cfg), rows=cfg.per_device_train_batch_size,
-    )
+    setup, _ = memory_setup.trainer_setup(cfg, shape, backend="ddp", processes=1)  # what plan and trainer use
     e = trainer_estimate(shape, setup, None)
     if variant == "lora":
         assert _part(e, "frozen base") == pytest.approx(_bytes(frozen))

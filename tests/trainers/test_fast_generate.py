@@ -626,3 +626,26 @@ def test_stacked_projections_decode_like_separate_ones_and_follow_weight_updates
                 layer.mlp.up_proj.weight.mul_(1.5)
         assert stacked.generate(prompts, greedy).completion_ids != before
     assert separate._weights[0].qkv_weight is None
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_flex_decode_attention_decodes_like_sdpa(qwen: tuple[Any, Any], compiled: bool) -> None:
+    """`decode_attention="flex"` (FlexAttention over the cache, the additive padding mask as a score
+    modification): the same greedy tokens as the default and as eager `generate`, sampled log-probs within fp32
+    rounding, with prompts of different lengths (left padding masked), eagerly and compiled."""
+    model, tok = qwen
+    prompts = _prompts(tok)
+    kw: dict[str, Any] = {"compile": True, "compile_backend": "aot_eager"} if compiled else {"compile": False}
+    torch._dynamo.reset()
+    flex = FastGenerateBackend(model, tok, decode_attention="flex", length_bucket=8, **kw)
+    sdpa = FastGenerateBackend(model, tok, length_bucket=8, **kw)
+    assert flex.decode_path == sdpa.decode_path == ("fused+compiled" if compiled else "fused")
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    assert flex.generate(prompts, greedy).completion_ids == _hf_greedy(model, tok, prompts, 12, [tok.eos_token_id])
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, extra={"seed": 3})
+    got, want = flex.generate(prompts, sampled), sdpa.generate(prompts, sampled)
+    assert got.completion_ids == want.completion_ids
+    assert got.logprobs is not None and want.logprobs is not None
+    for g, w in zip(got.logprobs, want.logprobs, strict=True):
+        assert g == pytest.approx(w, abs=1e-4)
+    assert flex.decode_path == sdpa.decode_path  # no fallback from a failed compile

@@ -60,3 +60,17 @@ def test_a_signalled_script_checkpoints_exits_75_and_resumes_to_the_marker(tmp_p
     assert _steps(out) == [1, 2, 3, 4]  # nothing trained twice
     marker = json.loads((out / COMPLETE_MARKER).read_text())
     assert marker["global_step"] == 4 and marker["trainer"] == f"script:{SCRIPT}"
+
+
+@pytest.mark.slow
+def test_a_script_training_into_its_own_output_dir_still_fills_the_jobs_metrics(tmp_path: Path,
+                                                                                 tiny_model_dir: Path) -> None:
+    """Under a job (LAUNCHGEN_TRL_OUTPUT_DIR, the trainer directory `report` and `status` read), the metrics go
+    there even where the script's Trainer trains into another output_dir (a script that parses no flags); on
+    main they went to the script's own directory only."""
+    own, job = tmp_path / "own", tmp_path / "job-trainer"
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", LAUNCHGEN_TRL_OUTPUT_DIR=str(job))
+    res = subprocess.run(_argv(tiny_model_dir, own, 2), env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _steps(job) == [1, 2] and not (own / "metrics.jsonl").exists()
+    assert (own / "checkpoint-2").is_dir()  # the checkpoints stay the script's

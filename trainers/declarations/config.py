@@ -75,7 +75,12 @@ class ModelSection(_Strict):
         "trainer's chunked log-prob head (TRL 1.16 also uses a chunked head; Liger's walks the batch one sequence at "
         "a time and is ~4x slower at 151k vocab).",
     )
-    gradient_checkpointing: bool = Field(default=False, description="Trade compute for activation memory.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Trade compute for activation memory. `auto`: on when the memory estimate of the training peak "
+        "without it exceeds 90 % of the GPU (or memory_budget_gib), decided at start and logged; an out-of-memory "
+        "in the first step then retries that step once with it on.",
+    )
     logits_chunk_mib: int = Field(
         default=256, ge=1,
         description="fp32 logits per chunk of the log-prob head (the vocab x length logits are never whole; each chunk "
@@ -538,6 +543,30 @@ def yaml_text(data: Any, *, sort_keys: bool) -> str:
     return yaml.dump(data, Dumper=_YAML_DUMPER, sort_keys=sort_keys)
 
 
+def set_dotted(data: dict[str, Any], parts: list[str], value: Any, *, what: str) -> None:
+    """Set `value` at the dotted path `parts` of `data` in place, making the mappings on the way (the one path
+    walker of `--set` and of the spec's sweeps). A number names an existing list item. `what` begins the errors."""
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list) and part.isdigit():
+            if int(part) >= len(node):
+                raise ValueError(f"{what}: {'.'.join(parts[:i])} has {len(node)} item(s), no item {part}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+            continue
+        if not isinstance(node, dict):
+            raise ValueError(f"{what}: {'.'.join(parts[:i]) or parts[0]} is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+
+
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply one `dotted.key=value` override in place (the trainers' `--set` and `from_yaml`).
 
@@ -548,11 +577,4 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise ValueError(f"--set {item!r}: expected KEY=VALUE (a dotted key, e.g. generation.vllm_server.port=8001)")
-    parts = key.split(".")
-    node: dict[str, Any] = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ValueError(f"--set {item!r}: {part} is not a mapping")
-        node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    set_dotted(data, key.split("."), yaml.safe_load(raw) if raw.strip() else None, what=f"--set {item!r}")

@@ -22,9 +22,10 @@ from launchgen.trainers.checkpoint import (
     write_complete_marker,
 )
 from launchgen.trainers.declarations.config import DataSection
-from launchgen.trainers.declarations.errors import TrainerSetupError
+from launchgen.trainers.declarations.errors import TrainerSetupError, run_reporting
 from launchgen.trainers.declarations.trl.config import TrlRunConfig
 from launchgen.trainers.declarations.trl.entries import TrlEntry
+from launchgen.trainers.rerun import decide_trl
 
 
 def _load(path: str) -> Any:
@@ -130,17 +131,6 @@ def build_config(entry: TrlEntry, kw: dict[str, Any]) -> Any:
         raise TrainerSetupError(f"TRL's {entry.config_class}: {first}") from None
 
 
-def _checkpoint(cfg: TrlRunConfig) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    out = cfg.output_dir
-    last = get_last_checkpoint(str(out)) if out.is_dir() else None
-    if last is not None and cfg.resume == "never":
-        raise TrainerSetupError(f"resume: never, but {out} holds {Path(last).name}, which a fresh run would "
-                                "overwrite; use another output_dir or resume: auto")
-    return last if cfg.resume == "auto" else None
-
-
 def _quiet_printer(trainer: Any) -> None:
     """transformers prints each log record as a dict when its bar is off; the callback's plain line replaces it."""
     from transformers.trainer_callback import PrinterCallback
@@ -202,11 +192,15 @@ def _run(cfg: TrlRunConfig, flag: SignalFlag) -> int:
     state = PartialState()
     if entry.cuda_only is not None and state.device.type == "cpu":  # `check` refuses the spec (LG920) already
         raise TrainerSetupError(f"trl.{entry.name} cannot train on a CPU: {entry.cuda_only}")
+    start = decide_trl(cfg.output_dir, cfg.trainer, int(cfg.args.get("max_steps", -1)), cfg.resume,
+                       state.is_main_process)
+    if start.complete:
+        return EXIT_OK  # the marker and final/ stay the finished run's
+    resume_from = start.checkpoint
     reward_funcs, weights = rewards(cfg, state.device) if entry.rewards else (None, None)
     trl_config = build_config(entry, trl_args(cfg, entry, weights))
-    resume_from = _checkpoint(cfg)
     resumed_step = int(Path(resume_from).name.rpartition("-")[2]) if resume_from else None
-    callback = LifecycleCallback(flag, cfg.output_dir, resumed_step)
+    callback = LifecycleCallback(flag, cfg.output_dir, resumed_step, cfg.trainer)
     patch_for_transport(trl_config)
     with cpu_device_lookup(trl_config):
         trainer = build_trainer(cfg, entry, trl_config, reward_funcs, callback)
@@ -252,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {a.config}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
               file=sys.stderr)
         return EXIT_CONFIG
-    try:
-        if cfg.script is not None:
+    loaded = cfg
+
+    def train() -> int:
+        if loaded.script is not None:
             from launchgen.trainers.trl.script import run_script
 
-            return run_script(cfg)
-        return run(cfg)
-    except TrainerSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+            return run_script(loaded)
+        return run(loaded)
+
+    return run_reporting(train)

@@ -6,7 +6,8 @@ is given the `LifecycleCallback` when it is built, and its `train()` resumes fro
 in its output_dir when the script passes no `resume_from_checkpoint`. A USR2/TERM makes the running step's end
 save a checkpoint, and `train()` then exits the process with 75 (the job requeues; the next attempt resumes). A
 `train()` that reached max_steps, in a script that then ends without an error, leaves the completion marker in
-that output_dir. Metrics go to `<output_dir>/metrics.jsonl` and the trainer log's `[launchgen] step` lines.
+that output_dir. Metrics go to the job's `<trainer output_dir>/metrics.jsonl` (`metrics_dir`) and the trainer
+log's `[launchgen] step` lines.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchgen.trainers.checkpoint import EXIT_PREEMPTED, SignalFlag, write_complete_marker
+from launchgen.trainers.rerun import decide_trl
 
 if TYPE_CHECKING:
     from launchgen.trainers.declarations.trl.config import TrlRunConfig
@@ -44,17 +46,19 @@ def _resume_step(checkpoint: str | None) -> int | None:
     return int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else None
 
 
-def install(flag: SignalFlag, finished: _Finished) -> None:
+def install(flag: SignalFlag, finished: _Finished, kind: str) -> None:
     """Wrap `Trainer.__init__` and `Trainer.train` (process-wide: this process runs one script)."""
     from launchgen.trainers.trl.callback import LifecycleCallback
     from transformers import Trainer
-    from transformers.trainer_utils import get_last_checkpoint
+    from transformers.trainer_callback import ProgressCallback
 
     trainer_init, trainer_train = Trainer.__init__, Trainer.train
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         trainer_init(self, *args, **kwargs)
-        callback = LifecycleCallback(flag, Path(self.args.output_dir), None)
+        if not sys.stderr.isatty():  # a bar in a log file is one line of carriage returns the step lines would join
+            self.remove_callback(ProgressCallback)
+        callback = LifecycleCallback(flag, metrics_dir(Path(self.args.output_dir)), None, kind)
         callback.accelerator = self.accelerator
         self.add_callback(callback)
         self._launchgen_callback = callback
@@ -62,8 +66,11 @@ def install(flag: SignalFlag, finished: _Finished) -> None:
     def train(self: Any, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         callback = self._launchgen_callback
         out = Path(self.args.output_dir)
-        if resume_from_checkpoint is None and out.is_dir():
-            resume_from_checkpoint = get_last_checkpoint(str(out))
+        if resume_from_checkpoint is None:
+            start = decide_trl(out, kind, int(self.args.max_steps), "auto", self.accelerator.is_main_process)
+            if start.complete:  # the script's own output_dir: stop before it saves an untrained model over it
+                raise SystemExit(0)
+            resume_from_checkpoint = start.checkpoint
             if resume_from_checkpoint and self.accelerator.is_main_process:
                 print(f"[launchgen] resuming from {resume_from_checkpoint}", flush=True)
         callback.resumed_step = _resume_step(resume_from_checkpoint if isinstance(resume_from_checkpoint, str)
@@ -80,6 +87,14 @@ def install(flag: SignalFlag, finished: _Finished) -> None:
 
     Trainer.__init__ = __init__  # type: ignore[method-assign]
     Trainer.train = train  # type: ignore[method-assign]
+
+
+def metrics_dir(output_dir: Path) -> Path:
+    """Where a script's metrics.jsonl goes: the job's trainer directory when the job runs it (its output_dir,
+    LAUNCHGEN_TRL_OUTPUT_DIR), so `report` and `status` find a script's metrics even where it trains into its own
+    output_dir (a script that parses no flags); else the Trainer's output_dir."""
+    job = os.environ.get(ENV_PREFIX + "OUTPUT_DIR")
+    return Path(job) if job else output_dir
 
 
 def _words(value: Any) -> list[str]:
@@ -123,8 +138,13 @@ def script_command(cfg: TrlRunConfig, source: str) -> tuple[list[str], dict[str,
 
 
 def run_script(cfg: TrlRunConfig) -> int:
-    """A job's `train.script`: the flags and environment from the run config, then the script under `main`."""
+    """A job's `train.script`: the flags and environment from the run config, then the script under `main`. A
+    training that already reached max_steps in the job's output_dir runs nothing (the script would load its model
+    and data, train one more step at learning rate 0 and save over the finished run)."""
     assert cfg.script is not None
+    if decide_trl(cfg.output_dir, f"script:{cfg.script}", int(cfg.args.get("max_steps", -1)), cfg.resume,
+                  os.environ.get("RANK", "0") == "0").complete:
+        return 0
     as_module = not cfg.script.endswith(".py")
     source = _source(cfg.script, as_module)
     argv, env = script_command(cfg, source)
@@ -153,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     target, rest = argv[0], argv[1:]
     flag = SignalFlag().install()
     finished = _Finished()
-    install(flag, finished)
+    install(flag, finished, f"script:{target}")
     sys.argv = [target, *rest]
     if as_module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -33,20 +33,29 @@ _doc("LG921", "error", "A TRL field in train.args contradicts what the topology 
      "Remove the field from train.args (launchgen sets it) or change the spec field it names.")
 
 
-@check("LG920", "LG921")
+_doc("LG924", "error", "A launchgen data option that the trl.* trainer has no counterpart for (data.max_prompt_length: "
+     "TRL's online trainers do not truncate prompts).",
+     "Remove the option (shorten the data instead), or keep the bundled trainer, which has it.")
+
+
+@check("LG920", "LG921", "LG924")
 def trl_args_match_topology(ctx: Ctx) -> Iterator[Issue]:
     """A TRL trainer's run config (launchgen.kinds.trl_config): what TRL's fields say against the topology."""
-    yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921"))
+    yield from (i for i in ctx.trainer_config_issues if i.code in ("LG920", "LG921", "LG924"))
 
 
 def without_echo(issues: list[Issue]) -> list[Issue]:
     """LG901 at `train.args` itself is the trainer config's own cross-field refusal (it has no one field to name).
     The checks name the same rules with their fields (LG350-LG352 staleness, LG343/LG344 peft, ...), so where
     another error is reported on a `train` field, that echo is dropped: one message per mistake (what the config
-    still refuses is reported once the others are fixed)."""
+    still refuses is reported once the others are fixed). A train.script with a bundled trainer (LG922) gets no
+    LG901 at all."""
     def on_train(i: Issue) -> bool:
         return i.code != "LG901" and i.severity == "error" and (i.path == "train" or i.path.startswith("train."))
 
+    if any(i.code == "LG922" and i.path == "train.trainer" for i in issues):
+        # a script's train.args are TRL flags: the bundled trainer's LG901 advice about them would mislead
+        return [i for i in issues if i.code != "LG901"]
     if not any(on_train(i) for i in issues):
         return issues
     return [i for i in issues if not (i.code == "LG901" and i.path == "train.args")]

@@ -19,7 +19,7 @@ import yaml
 from launchgen.trainers.declarations.config import DataSection, RewardSpec, _Strict, apply_override, yaml_text
 from launchgen.trainers.declarations.declaration import DeclaredConfig
 from launchgen.trainers.declarations.trl.entries import LAUNCHGEN_KEYS, PREFIX, TRL_ENTRIES, TrlEntry
-from launchgen.trainers.declarations.trl.fields import problems
+from launchgen.trainers.declarations.trl.fields import coerce, problems
 from pydantic import Field, model_validator
 
 #: TRL fields the `server` section fills; a run config sets them in one place only.
@@ -69,6 +69,16 @@ class TrlRunConfig(DeclaredConfig, _Strict):
     @property
     def entry(self) -> TrlEntry:
         return TRL_ENTRIES[self.trainer.removeprefix(PREFIX)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml11_numbers(cls, data: Any) -> Any:
+        """`1e-5` in a float field is the float YAML 1.2 reads (PyYAML leaves it text): TRL gets the number."""
+        trainer = data.get("trainer") if isinstance(data, dict) else None
+        name = trainer.removeprefix(PREFIX) if isinstance(trainer, str) else None
+        if name in TRL_ENTRIES and isinstance(data.get("args"), dict):
+            return {**data, "args": coerce(name, data["args"])}
+        return data
 
     @model_validator(mode="after")
     def _trl_fields(self) -> TrlRunConfig:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -45,9 +46,33 @@ def yaml_kind(value: Any) -> str:
     return "any"
 
 
+#: A number YAML 1.2 reads as a float but PyYAML (YAML 1.1, which wants a dot and a signed exponent) leaves as a
+#: string: `1e-5`, `5e-7`, `1E5`. The bundled trainers' pydantic config takes it as a float; so do TRL's fields.
+_YAML11_TEXT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def yaml11_float(value: Any) -> float | None:
+    """`value` as a float where it is a number YAML 1.1 left as text, else None."""
+    return float(value) if isinstance(value, str) and _YAML11_TEXT_FLOAT.fullmatch(value.strip()) else None
+
+
 def kind_accepted(value: Any, kinds: list[str]) -> bool:
     k = yaml_kind(value)
-    return "any" in kinds or k in kinds or (k == "int" and "float" in kinds)
+    return ("any" in kinds or k in kinds or (k == "int" and "float" in kinds)
+            or ("float" in kinds and yaml11_float(value) is not None))
+
+
+def coerce(name: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """`args` with the YAML-1.1 text numbers of `name`'s float fields as floats (TRL's dataclasses would keep the
+    string)."""
+    fields = fields_of(name)
+    out = dict(args)
+    for key, value in args.items():
+        row = fields.get(key)
+        number = yaml11_float(value)
+        if row is not None and number is not None and "float" in row["kinds"] and "str" not in row["kinds"]:
+            out[key] = number
+    return out
 
 
 @dataclass(frozen=True)
@@ -84,8 +109,12 @@ def problems(name: str, args: Mapping[str, Any], owned: frozenset[str] = frozens
                                     f"{', '.join(LAUNCHGEN_KEYS)}."))
             continue
         if not kind_accepted(value, row["kinds"]):
+            yaml11 = yaml11_float(value) is not None
+            why = (" (YAML 1.1 reads a number with an exponent but no dot as text)" if yaml11 else "")
+            fix = (f"Write `{key}` as an integer, e.g. {int(float(value))}." if yaml11 and "int" in row["kinds"]
+                   else f"Write `{key}` as {_kind_text(row['kinds'])}.")
             out.append(FieldProblem(key, f"{cls}.{key} takes {_kind_text(row['kinds'])}, got {yaml_kind(value)} "
-                                    f"{value!r}", f"Write `{key}` as {_kind_text(row['kinds'])}."))
+                                    f"{value!r}{why}", fix))
             continue
         choices = row.get("choices")
         if choices is not None and value not in choices:

@@ -14,7 +14,7 @@ from ...dynamo_config import recompile_limit_raised
 from ..protocol import GenerationOutput, SamplingParams
 from .adapters import adapted_linears
 from .attention import _ATTN_NAME, _register_attention
-from .fused import _fused_final, _fused_layer_deferred, _fused_spec, _FusedSpec, _LayerWeights
+from .fused import LAYER_FUNCTIONS, _fused_final, _fused_spec, _FusedSpec, _LayerWeights
 from .recompile import _RECOMPILE_LIMIT, _no_recompile
 from .sampling import sample, sampler_key
 from .state import _Arena, _SamplerKey, _State, _StaticKV
@@ -55,6 +55,8 @@ class FastGenerateBackend:
         stack_projections: the fused decode computes q/k/v and gate/up with one GEMM each, over stacked copies of
             those weights held in the arena while generating (`weight_copies`); False reads the projections
             separately (the same function up to GEMM rounding; kept for comparison).
+        decode_attention: the fused decode's attention: "sdpa" (default) or "flex" (`fused._flex_attention`,
+            FlexAttention's split-KV decoding kernel once compiled; issue 39's experiment).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class FastGenerateBackend:
         keep_cache: KeepCache = "lend",
         compile_backend: str | Callable[..., Any] = "inductor",
         stack_projections: bool = True,
+        decode_attention: Literal["sdpa", "flex"] = "sdpa",
     ) -> None:
         if decode_impl not in ("auto", "fused", "modules"):
             raise ValueError(f"decode_impl must be 'auto', 'fused' or 'modules', got {decode_impl!r}")
@@ -99,6 +102,7 @@ class FastGenerateBackend:
         self.capacity_multiple = capacity_multiple
         self.keep_cache = keep_cache
         self.stack_projections = stack_projections
+        self._layer_eager = LAYER_FUNCTIONS[decode_attention]
         self._choose_decode_path(decode_impl, compile, compile_backend)
         # Live parameters of the fused path, re-read at the start of every call.
         self._weights: list[_LayerWeights] = []
@@ -170,7 +174,7 @@ class FastGenerateBackend:
             else:
                 self._spec = found
         # The compiled wrappers once `_compile` succeeds; `_compiled` says whether they are (still) in use.
-        self._compiled_layer_fn: Callable[..., Any] = _fused_layer_deferred
+        self._compiled_layer_fn: Callable[..., Any] = self._layer_eager
         self._compiled_final_fn: Callable[..., torch.Tensor] = _fused_final
         self._compiled = False
         self._patch_recompile_limit = False
@@ -317,10 +321,10 @@ class FastGenerateBackend:
         compile_fn: Any = torch.compile  # Any: the typing overloads lag behind the recompile_limit argument
         try:
             try:
-                layer_fn = compile_fn(_fused_layer_deferred, recompile_limit=_RECOMPILE_LIMIT, **kw)
+                layer_fn = compile_fn(self._layer_eager, recompile_limit=_RECOMPILE_LIMIT, **kw)
                 final_fn = compile_fn(_fused_final, recompile_limit=_RECOMPILE_LIMIT, **kw)
             except TypeError:  # torch before torch.compile(recompile_limit=): raise the global limit per call
-                layer_fn = compile_fn(_fused_layer_deferred, **kw)
+                layer_fn = compile_fn(self._layer_eager, **kw)
                 final_fn = compile_fn(_fused_final, **kw)
                 self._patch_recompile_limit = True
         except Exception as exc:
@@ -408,7 +412,7 @@ class FastGenerateBackend:
         # Each layer returns its output as (residual, MLP output); the next one adds them (`_fused_layer_deferred`).
         residual, delta = hidden, torch.zeros_like(hidden)
         for w, k, v in zip(self._weights, self.cache.keys, self.cache.values, strict=True):
-            residual, delta = self._call_fused(self._compiled_layer_fn, _fused_layer_deferred,
+            residual, delta = self._call_fused(self._compiled_layer_fn, self._layer_eager,
                                                residual, delta, w, k, v, cols, mask, cos, sin, spec.eps, spec.scaling)
         head: Any = self.lm_head
         logits: torch.Tensor = self._call_fused(self._compiled_final_fn, _fused_final,

@@ -112,9 +112,36 @@ def _fused_layer_deferred(residual: torch.Tensor, delta: torch.Tensor, w: _Layer
     return _layer_body(residual + delta, w, k_cache, v_cache, cols, mask, cos, sin, eps, scaling)
 
 
+def _fused_layer_deferred_flex(residual: torch.Tensor, delta: torch.Tensor, w: _LayerWeights,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, cols: torch.Tensor, mask: torch.Tensor,
+                               cos: torch.Tensor, sin: torch.Tensor, eps: float, scaling: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_fused_layer_deferred` with its attention through FlexAttention (`_flex_attention`): the engine's
+    `decode_attention="flex"`."""
+    return _layer_body(residual + delta, w, k_cache, v_cache, cols, mask, cos, sin, eps, scaling, _flex_attention)
+
+
+def _flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                    scaling: float) -> torch.Tensor:
+    """`_gqa_attention`'s result through FlexAttention: compiled (the decode step is), inductor emits its
+    flex-decoding kernel, which splits the cache columns over thread blocks and reads each K/V head once for all
+    the query heads it serves (SDPA's kernels with a mask run one block per row and head group over every
+    column). The additive padding mask becomes a score modification."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    bias = mask[:, 0, :, : key.shape[-2]]
+
+    def add_mask(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                 kv: torch.Tensor) -> torch.Tensor:
+        return score + bias[b, q, kv]
+
+    out: Any = flex_attention(query, key, value, score_mod=add_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
+
+
 def _layer_body(hidden: torch.Tensor, w: _LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cols: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                eps: float, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, scaling: float, attend: Any = _gqa_attention) -> tuple[torch.Tensor, torch.Tensor]:
     b, q_len, _ = hidden.shape
     head_dim = cos.shape[-1]
     residual = hidden
@@ -140,7 +167,7 @@ def _layer_body(hidden: torch.Tensor, w: _LayerWeights, k_cache: torch.Tensor, v
     k_cache.index_copy_(2, cols, k.to(k_cache.dtype))
     v_cache.index_copy_(2, cols, v.to(v_cache.dtype))
     view = mask.shape[-1]
-    attn = _gqa_attention(q, k_cache[:, :, :view], v_cache[:, :, :view], mask, scaling)
+    attn = attend(q, k_cache[:, :, :view], v_cache[:, :, :view], mask, scaling)
     hidden = residual + F.linear(attn.reshape(b, q_len, -1), w.o_weight)
     x = _rms_norm(hidden, w.post_norm, eps)
     if w.gate_up_weight is not None:
@@ -156,6 +183,10 @@ def _fused_final(residual: torch.Tensor, delta: torch.Tensor, norm_weight: torch
     the final RMSNorm and the LM head -> fp32 logits (batch, vocab)."""
     hidden = residual[:, -1] + delta[:, -1]
     return F.linear(_rms_norm(hidden, norm_weight, eps), head_weight, head_bias).float()
+
+
+#: The decode step's layer function per `FastGenerateBackend(decode_attention=...)`.
+LAYER_FUNCTIONS: dict[str, Any] = {"sdpa": _fused_layer_deferred, "flex": _fused_layer_deferred_flex}
 
 
 @dataclass(frozen=True)
