@@ -140,8 +140,9 @@ def extra_directives_known(ctx: Ctx) -> Iterator[Issue]:
 
 
 _doc("LG813", "error", "slurm.extra_directives has an option newer than the cluster's Slurm (slurm.version); its "
-     "sbatch refuses the whole script (`unrecognized option`). A warning where slurm.version is unset and the "
-     f"option is newer than {directives.ASSUMED_RELEASE}.",
+     "sbatch refuses the whole script (`unrecognized option`); `check --live` asks this cluster's sbatch "
+     f"(`sbatch --version`). A warning where neither says and the option is newer than "
+     f"{directives.ASSUMED_RELEASE}.",
      "Drop the option, or set slurm.version to the cluster's release (`sbatch --version`) if it has it.")
 
 
