@@ -228,3 +228,16 @@ def test_a_fifo_for_the_models_config_json_is_pf110_and_holds_nothing(tmp_path: 
     os.unlink(model / "config.json")
     (model / "config.json").write_text("{}")
     assert A.model_files(str(model), {}) == []
+
+
+def test_the_help_note_tells_a_failure_from_a_timeout(tmp_path: Path) -> None:
+    """Issue 37: the note said "could not run `vllm serve --help=all` within 60 s" for a command that failed in
+    0.2 s. A real executable that fails at once, and one that is missing."""
+    failing = tmp_path / "vllm"
+    failing.write_text("#!/bin/sh\necho 'ImportError: libcuda.so.1: cannot open shared object file' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    argv = [str(failing), "serve", "m", "--port", "1"]
+    [note] = A.vllm_flags(argv, A._run_help)[1]
+    assert "failed in 0." in note and "(exit 1: ImportError: libcuda.so.1" in note and "within" not in note, note
+    [missing] = A.vllm_flags([str(tmp_path / "absent"), *argv[1:]], A._run_help)[1]
+    assert "could not be started (No such file or directory)" in missing, missing

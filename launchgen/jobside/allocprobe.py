@@ -157,10 +157,12 @@ def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple
     if "serve" not in argv:
         return [], []
     cut = argv.index("serve")
-    text = run([*argv[:cut], "serve", "--help=all"])
+    try:
+        text = run([*argv[:cut], "serve", "--help=all"])
+    except HelpNotRun as exc:
+        return [], [f"`{' '.join(argv[:cut])} serve --help=all` {exc}: the server's flags were not checked"]
     if text is None:
-        return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all` within {HELP_TIMEOUT_S:g} s: the "
-                    "server's flags were not checked"]
+        return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all`: the server's flags were not checked"]
     known = help_flags(text)
     if "--port" not in known:  # not vLLM's help (a wrapper without --help=all): nothing to compare with
         return [], [f"`{' '.join(argv[:cut])} serve --help=all` listed no vLLM flags: the server's flags were not "
@@ -511,12 +513,23 @@ def command_probes(record: dict[str, Any], roles: list[str], env: dict[str, str]
     return failures
 
 
-def _run_help(cmd: list[str]) -> str | None:
+class HelpNotRun(Exception):
+    """`serve --help=all` gave no help; the message says how (a failure is not a timeout: issue 37)."""
+
+
+def _run_help(cmd: list[str]) -> str:
+    started = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout + p.stderr if p.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        raise HelpNotRun(f"did not answer within {HELP_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise HelpNotRun(f"could not be started ({exc.strerror})") from None
+    if p.returncode != 0:
+        said = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or [""])[-1][:200]
+        raise HelpNotRun(f"failed in {time.monotonic() - started:.1f} s (exit {p.returncode}"
+                         + (f": {said}" if said else "") + ")")
+    return p.stdout + p.stderr
 
 
 def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str],
