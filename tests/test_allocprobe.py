@@ -48,7 +48,10 @@ def test_vllm_flags_are_read_from_serve_help_all() -> None:
     failures, notes = A.vllm_flags(argv, run)
     assert seen == [["python", "-m", "x", "serve", "--help=all"]]
     assert [(c, "--bogus" in m) for c, m in failures] == [("PF103", True)] and notes == []
-    assert A.vllm_flags(argv, lambda cmd: None)[0] == []  # could not run it: a note, not a failure
+    def refused(cmd: list[str]) -> str:
+        raise ChildProcessError("could not be started (No such file or directory)")
+
+    assert A.vllm_flags(argv, refused)[0] == []  # could not run it: a note, not a failure
     assert A.vllm_flags(argv, lambda cmd: "no flags here")[1]
 
 
@@ -224,7 +227,7 @@ def test_a_fifo_for_the_models_config_json_is_pf110_and_holds_nothing(tmp_path: 
     assert A.checkpoint_need(str(model), {}, 6) == (12000, "~0.00 B parameters x 6 bytes of weights and AdamW state")
     [(code, message)] = A.model_files(str(model), {})
     assert time.monotonic() - start < 5
-    assert code == "PF110" and "is a FIFO" in message, message
+    assert code == "PF110" and "is not a regular file" in message, message
     os.unlink(model / "config.json")
     (model / "config.json").write_text("{}")
     assert A.model_files(str(model), {}) == []

@@ -815,9 +815,9 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
 LAUNCHGEN_EOF_C1D5E0A8C7A888D5
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_5B692ED39F9058F9'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_04A236F23BA6269F'
 # [golden: launchgen/jobside/allocprobe.py verbatim; its sha256 begins the delimiter]
-LAUNCHGEN_EOF_5B692ED39F9058F9
+LAUNCHGEN_EOF_04A236F23BA6269F
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_B2D19DF094F3F331'
 {
