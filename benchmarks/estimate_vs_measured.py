@@ -21,7 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launchgen.shared.estimate import ModelShape, TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.estimate import TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.modelshape import ModelShape
 
 #: The harnesses' shapes (grpo_vs_trl.CONFIGS, grpo_lora.SHAPES), repeated so this runs without torch:
 #: hidden, layers, heads, KV heads, intermediate, vocab, completion tokens, Liger layers.

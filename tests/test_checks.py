@@ -138,13 +138,22 @@ CASES: list[tuple[str, dict[str, Any], str, str, int, str]] = [
     ("LG259", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
                         "container": {"runtime": "pyxis", "image": "org#img"}}}, "vllm.container", "container:", 1,
      "warning"),
-    ("LG202", {"vllm": {"nodes": 2, "gpus": [0, 1, 2], "tensor_parallel_size": 6}},
+    ("LG202", {"vllm": {"nodes": 2, "gpus": [0, 1, 2], "tensor_parallel_size": 2, "data_parallel_size": 3}},
      "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
     ("LG206", {"vllm": {"max_model_len": 1000},
                "train": {"args": {"data": {"max_prompt_length": 512},
                                   "generation": {"max_completion_length": 1024}}}},
      "vllm.max_model_len", "max_model_len", 1, "error"),
     ("LG207", {"vllm": {"max_model_len": 8192}}, "vllm.max_model_len", "max_model_len", 1, "warning"),
+    # a replica over two dedicated 8-GPU nodes: TP 16 is allowed (vLLM's --nnodes mode), with the link named
+    ("LG212", {"vllm": {"nodes": 2, "gpus": DELETE, "tensor_parallel_size": 16}}, "vllm.tensor_parallel_size",
+     "tensor_parallel_size", 1, "warning"),
+    ("LG213", {"vllm": {"enable_expert_parallel": True}}, "vllm.enable_expert_parallel", "enable_expert_parallel", 1,
+     "error"),
+    ("LG215", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 1,
+                        "pipeline_parallel_size": 2}}, "vllm.pipeline_parallel_size", "pipeline_parallel_size", 1,
+     "error"),
+    ("LG216", {"vllm": {"enable_eplb": True}}, "vllm.enable_eplb", "enable_eplb", 1, "warning"),
     ("LG209", {"vllm": {"mode": "colocate", "gpus": DELETE, "group_port": DELETE, "tensor_parallel_size": 2},
                "train": {"gpus": [0, 1, 2]}}, "vllm.tensor_parallel_size", "tensor_parallel_size", 1, "error"),
     ("LG301", {"slurm": {"gpus_per_node": 1}, "vllm": DELETE, "train": {"backend": "fsdp"}},
@@ -397,9 +406,10 @@ def test_every_check_code_is_documented_and_tested() -> None:
     # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
     # LG923 reads the script (the files stage), LG924 and TRL's own rules (LG930-LG941, each agreed with TRL in
     # tests/trainers/test_trl_rules.py): tests/test_trl_checks.py; LG813/LG814 beside LG809 (tests/test_static_checks.py)
+    # LG214 needs a config.json with num_hidden_layers: test_pipeline_deeper_than_the_model
     trl_rules = {f"LG9{n}" for n in range(30, 42)}
     tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342",
-                                      "LG923", "LG924", "LG813", "LG814"} | trl_rules
+                                      "LG923", "LG924", "LG214", "LG813", "LG814"} | trl_rules
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 
@@ -522,3 +532,15 @@ def test_a_config_refusal_hidden_behind_a_file_error_builds_no_plan(tmp_path: Pa
             "train": {"trainer": "online_dpo", "args": {"data": {"path": "d.jsonl"}, "num_generations": 8}}}
     plan, issues = run_checks(load_spec_text(yaml.safe_dump(spec), "spec.yaml"), env={}, files=True)
     assert plan is None and "LG330" in {i.code for i in issues}
+
+
+def test_pipeline_deeper_than_the_model(tmp_path: Path) -> None:
+    """LG214: more pipeline stages than layers (the config says 2); as many as the layers is fine."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_attention_heads": 8,
+                                                       "num_key_value_heads": 8, "num_hidden_layers": 2}))
+    for pp, codes in ((4, ["LG214"]), (2, [])):
+        spec = merge(base(tmp_path), {"vllm": {"nodes": pp, "gpus": DELETE, "tensor_parallel_size": 8,
+                                               "pipeline_parallel_size": pp}})
+        _, issues = run_checks(load_spec_text(render(spec), "t.yaml"), env={})
+        assert [i.code for i in issues if i.code == "LG214"] == codes, [str(i) for i in issues]
+        assert not [i for i in issues if i.severity == "error" and i.code not in ("LG214", "LG330")]

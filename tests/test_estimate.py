@@ -18,7 +18,6 @@ from launchgen.cli import main
 from launchgen.shared.estimate import (
     GIB,
     MARGIN,
-    ModelShape,
     TrainerSetup,
     allocated_gib,
     gpu_memory_gib,
@@ -29,6 +28,7 @@ from launchgen.shared.estimate import (
     trainer_alternatives,
     trainer_estimate,
 )
+from launchgen.shared.modelshape import ModelShape
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "multi-node-70b.yaml"
@@ -46,6 +46,16 @@ QWEN25_72B = {"model_type": "qwen2", "hidden_size": 8192, "num_hidden_layers": 8
 LLAMA3_70B = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
               "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False,
               "attention_bias": False, "max_position_embeddings": 8192}
+
+# mixture-of-experts models (config.json excerpts of the published checkpoints): every layer's MLP is routed experts
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                 "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                 "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+                 "max_position_embeddings": 40960}
+QWEN3_235B_A22B = {"model_type": "qwen3_moe", "hidden_size": 4096, "num_hidden_layers": 94, "num_attention_heads": 64,
+                   "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                   "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+                   "max_position_embeddings": 40960}
 
 
 def _hand_count(h: int, layers: int, heads: int, kv_heads: int, inter: int, vocab: int, tied: bool, bias: bool) -> int:
@@ -72,6 +82,37 @@ def test_parameter_count_matches_hand_count_and_published_total(cfg: dict[str, A
     shape = ModelShape.from_config(cfg)
     assert shape is not None
     assert shape.parameter_count() == _hand_count(*args) == published
+
+
+@pytest.mark.parametrize(("cfg", "published", "active"), [
+    # the safetensors totals of the published checkpoints; "A3B"/"A22B": the active parameters, as the model cards
+    (QWEN3_30B_A3B, 30_532_122_624, (3.3e9, 3.4e9)),
+    (QWEN3_235B_A22B, 235_093_634_560, (22.1e9, 22.3e9)),
+], ids=["qwen3-30b-a3b", "qwen3-235b-a22b"])
+def test_moe_totals_hold_every_expert_and_active_counts_the_routed_ones(
+        cfg: dict[str, Any], published: int, active: tuple[float, float]) -> None:
+    """Memory and weight sync hold every expert (total); a token computes with num_experts_per_tok of them."""
+    shape = ModelShape.from_config(cfg)
+    assert shape is not None and shape.num_experts == 128 and shape.qk_norm
+    assert shape.parameter_count() == published
+    assert active[0] <= shape.active_parameter_count() <= active[1]
+    dense = ModelShape.from_config(QWEN25_7B)
+    assert dense is not None and dense.active_parameter_count() == dense.parameter_count()
+
+
+def test_server_rank_of_a_pipeline_holds_its_stage() -> None:
+    """TP 8 x PP 2 (two nodes): each GPU holds 1/16 of the weights and the KV cache of its 47 of 94 layers."""
+    shape = ModelShape.from_config(QWEN3_235B_A22B)
+    assert shape is not None
+    one = server_estimate(shape, tp=8, dtype="bfloat16", gpu_gib=80.0, max_model_len=8192)
+    two = server_estimate(shape, tp=8, pp=2, dtype="bfloat16", gpu_gib=80.0, max_model_len=8192)
+    assert one.parts[0].gib == pytest.approx(2 * two.parts[0].gib)
+    # 470 GB of bf16 weights fit one 8 x 80 GB node with little KV cache left; the second node's stage gives each
+    # GPU half the weights and half the layers' cache per token: many times the full-length sequences
+    assert one.full_sequences is not None and two.full_sequences is not None
+    assert two.full_sequences > 4 * one.full_sequences, (one.full_sequences, two.full_sequences)
+    assert shape.kv_bytes_per_token(2, 8, 2) * 2 == shape.kv_bytes_per_token(2, 8, 1)
+    assert two.setup == "TP 8 x PP 2, bfloat16"
 
 
 def test_text_config_and_missing_keys() -> None:

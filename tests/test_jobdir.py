@@ -24,7 +24,7 @@ from launchgen.shared import jobdir as J
 #: a sample for every declared field, as the scripts write them
 SAMPLES = {"job": "1234", "attempt": "0", "restart_count": "2", "spec_sha256": "ab" * 32,
            "nodes": "node1 node2", "after": "17s", "exit": "137", "status": "75", "restart": "3",
-           "replica": "1", "codes": "PF101,PF104", "seconds": "2"}
+           "replica": "1", "codes": "PF101,PF104", "seconds": "2", "rank": "1", "node": "node3"}
 
 
 @pytest.mark.parametrize("kind", list(J.EVENTS.values()), ids=lambda k: k.name)

@@ -135,15 +135,20 @@ def test_multi_node_dp_server_gets_headless_followers() -> None:
     leader, follower = (words(c.argv) for c in s.commands)
     assert "--api-server-count" in leader and leader[leader.index("--api-server-count") + 1] == "1"
     assert "--headless" not in leader and "--host" in leader
-    assert follower[follower.index("--data-parallel-start-rank") + 1] == "2"
     assert "--headless" in follower and "--host" not in follower and "--api-server-count" not in follower
-    for argv in (leader, follower):
-        assert argv[argv.index("--data-parallel-size-local") + 1] == "2"
-        assert argv[argv.index("--data-parallel-address") + 1] == "${LG_DP_ADDRESS}"
+    # one multi-node form for DP and TP/PP: vLLM infers each node's DP ranks from --node-rank
+    for rank, argv in enumerate((leader, follower)):
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--master-addr") + 1] == "${LG_MASTER_ADDR}"
+        assert argv[argv.index("--master-port") + 1] == "${LG_MASTER_PORT}"
+        assert argv[argv.index("--data-parallel-rpc-port") + 1] == "${LG_DP_RPC_PORT}"
+        assert "--data-parallel-start-rank" not in argv and "--data-parallel-address" not in argv
     node3 = plan.nodes[3]
     assert [(s.tp_rank, s.dp_rank) for s in node3.slots] == [(0, 2), (1, 2), (2, 2), (3, 2),
                                                               (0, 3), (1, 3), (2, 3), (3, 3)]
     assert {p.name: p.host_position for p in plan.ports}["dp_rpc"] == 2
+    assert {p.name: p.host_position for p in plan.ports}["master"] == 2
 
 
 def test_single_node_dp_has_no_rpc_port() -> None:
@@ -269,7 +274,8 @@ def test_precision_aliases(train: str, expected: str) -> None:
     ({"train": "{device: cpu, args: {data: {path: d}}}", "vllm": "{mode: colocate}"}, ("LG908", "vllm")),
     ({"train": "{device: cpu, gpus: [0], args: {data: {path: d}}}"}, ("LG908", "train.gpus")),
     ({"vllm": "{gpus: [0, 1], tensor_parallel_size: 4}"}, ("LG201", "vllm.tensor_parallel_size")),
-    ({"vllm": "{nodes: 2, tensor_parallel_size: 16}"}, ("LG202", "vllm.tensor_parallel_size")),
+    ({"vllm": "{nodes: 2, gpus: [0, 1, 2], tensor_parallel_size: 2, data_parallel_size: 3}"},
+     ("LG202", "vllm.tensor_parallel_size")),
     ({"vllm": "{mode: colocate, tensor_parallel_size: 3}"}, ("LG209", "vllm.tensor_parallel_size")),
     ({"vllm": "{mode: colocate, tensor_parallel_size: 16}"}, ("LG202", "vllm.tensor_parallel_size")),
     ({"vllm": "{mode: colocate, data_parallel_size: 2}"}, ("LG904", "vllm.data_parallel_size")),

@@ -1,7 +1,7 @@
 """Golden files: what each example x scheduler renders, kept where a change to it needs review.
 
-Five layouts keep their whole script (`FULL`): together they reach every template line any example reaches (a
-test keeps that true), so a change to the machinery (supervisor, requeue, preflight step) shows in those five.
+Six layouts keep their whole script (`FULL`): together they reach every template line any example reaches (a
+test keeps that true), so a change to the machinery (supervisor, requeue, preflight step) shows in those six.
 In them the preflight program, `launchgen/jobside/allocprobe.py` verbatim, is stored as its hash: the heredoc's
 delimiter is the content's sha256 prefix, and a test holds every script's copy to the source. Every other
 case keeps what varies with its spec: the script up to the machinery rule (header, `#SBATCH`, the role steps,
@@ -37,6 +37,7 @@ FULL = {
     ("two-replicas", "bash"),  # server replicas and their restarts; --bash: process groups, the watcher
     ("container-pyxis", "sbatch"),  # containers: the HF cache, USER; pyxis options on the srun lines
     ("local-cpu-quickstart", "sbatch"),  # CPU, no vLLM server, requeue off
+    ("pp-two-node-server", "sbatch"),  # one engine over two nodes: each rank's files, the supervisor's rank watch
 }
 #: the embedded programs that are a launchgen source file verbatim, stored in full goldens as their hash
 CONSTANT_PROGRAMS = {"steps/preflight.py": "launchgen/jobside/allocprobe.py"}

@@ -21,7 +21,8 @@ import torch
 from launchgen.trainers.declarations import memory_setup
 from launchgen.trainers.declarations.config import TrainerConfig
 
-from launchgen.shared.estimate import GIB, CheckpointChoice, ModelShape, TrainBackend, choose_checkpointing
+from launchgen.shared.estimate import GIB, CheckpointChoice, TrainBackend, choose_checkpointing
+from launchgen.shared.modelshape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Nothing is downloaded: tests, the quickstart example and the benchmarks all load their model through the
 same `from_pretrained(path)` code path a real run uses, from what this module writes.
 
-    python -m launchgen.trainers.tiny OUT_DIR [--arch qwen2|llama] [--hidden 64] [--layers 2] [--vocab 512]
+    python -m launchgen.trainers.tiny OUT_DIR [--arch qwen2|llama|qwen3_moe] [--hidden 64] [--layers 2] [--vocab 512]
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 # A small corpus with digits, arithmetic and the chat markers, so the BPE has useful merges for the toy tasks.
 _CORPUS = [
@@ -91,13 +92,19 @@ def build_tiny_model(
         initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
-    model: Qwen2ForCausalLM | LlamaForCausalLM
+    model: Any
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen3_moe":
+        # a mixture of experts in every layer (4 experts of half the MLP width, 2 per token), as Qwen3-30B-A3B
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=hidden_size, decoder_sparse_step=1))
     else:
-        raise ValueError(f"unknown arch {arch!r} (qwen2 or llama)")
+        raise ValueError(f"unknown arch {arch!r} (qwen2, llama or qwen3_moe)")
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out))
@@ -126,7 +133,7 @@ def build_tiny_reward_model(out_dir: str | Path, seed: int = 1, hidden_size: int
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama", "qwen3_moe"])
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)

@@ -269,7 +269,27 @@ class VLLMSpec(_Section):
         "node with training; defaults to all GPUs of a dedicated node.",
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="`--tensor-parallel-size`.")
+    pipeline_parallel_size: int = Field(
+        default=1, ge=1,
+        description="Server mode: `--pipeline-parallel-size`. A replica of tensor_parallel_size x "
+        "pipeline_parallel_size x data_parallel_size GPUs may span several server nodes (vLLM's own multi-node mode: "
+        "one `vllm serve` per node, rank 0 serving the API, the others `--headless`); keep TP inside a node and "
+        "put PP across nodes.",
+    )
     data_parallel_size: int = Field(default=1, ge=1, description="`--data-parallel-size` (discouraged for dense models).")
+    enable_expert_parallel: bool = Field(
+        default=False,
+        description="Server mode, mixture-of-experts models: `--enable-expert-parallel` (the experts are split "
+        "over tensor_parallel_size x data_parallel_size GPUs instead of tensor-parallel inside each expert).",
+    )
+    all2all_backend: Bareword | None = Field(
+        default=None,
+        description="With enable_expert_parallel: `--all2all-backend` as vLLM names it (e.g. `allgather_reducescatter`, "
+        "`deepep_high_throughput`, `deepep_low_latency`); unset: vLLM's default.",
+    )
+    enable_eplb: bool = Field(
+        default=False, description="With enable_expert_parallel: `--enable-eplb` (vLLM's expert load balancer).",
+    )
     replicas: int = Field(
         default=1, ge=1, le=bounds.MAX_REPLICA_COUNT,
         description="Server mode: independent `vllm serve` groups of tensor_parallel_size x data_parallel_size GPUs "
@@ -294,6 +314,12 @@ class VLLMSpec(_Section):
         f"already hold it; {ports.GROUP_DEFAULT} sits beside the other launchgen ports, below that range.",
     )
     dp_rpc_port: int = Field(default=ports.DP_RPC_DEFAULT, description="`--data-parallel-rpc-port` when DP spans several nodes.")
+    master_port: int = Field(
+        default=ports.MASTER_DEFAULT,
+        description="`--master-port` of a replica that spans several server nodes: its rank 0 (the first node) "
+        "binds it for vLLM's torch.distributed rendezvous and every other node of the replica connects to it "
+        "(replica k: master_port + k).",
+    )
     bind: Annotated[str, AfterValidator(bind_address)] = Field(
         default="node",
         description="Address the server listens on: `node` (the node's cluster address, default), `0.0.0.0`, "
@@ -477,6 +503,13 @@ class ModelNumbers(_Section):
     max_position_embeddings: int | None = Field(default=None, ge=1,
                                                 description="config.json `max_position_embeddings` (vLLM's default "
                                                 "max_model_len).")
+    num_experts: int | None = Field(default=None, ge=1, description="Mixture-of-experts: config.json `num_experts` "
+                                    "(`n_routed_experts`, `num_local_experts`): routed experts per layer.")
+    num_experts_per_tok: int | None = Field(default=None, ge=1, description="Mixture-of-experts: routed experts each "
+                                            "token computes with (the active parameters).")
+    moe_intermediate_size: int | None = Field(default=None, ge=1, description="Mixture-of-experts: one expert's "
+                                              "intermediate size.")
+    qk_norm: bool = Field(default=False, description="Qwen3: RMSNorm on each head's q and k.")
 
 
 class EstimateSection(_Section):

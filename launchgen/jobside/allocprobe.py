@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import subprocess
 import sys
 import threading
@@ -64,7 +63,6 @@ CODES = {
     "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
     "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
     "PF109": "a command a role runs is not on PATH, or the trainer's Python cannot import launchgen or trl",
-    "PF110": "a file the spec names (the model's config.json) is not a regular file (a FIFO, a device, a directory)",
 }
 #: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
 EXIT_FAILED = 3
@@ -92,10 +90,12 @@ def _addr(host: str) -> str:
     return next((a for a in answers if not a.startswith("127.")), answers[0] if answers else host)
 
 
-def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int,
+def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, int]], expect: int | dict[str, int],
                window: float = TCP_WINDOW_S) -> list[tuple[str, str]]:
     """Bind each (what, host, port) of `listen`, connect to each of `reach` until it answers or the window ends,
-    and keep accepting until `expect` peers connected to each listener (or the window ends). -> failures."""
+    and keep accepting until `expect` peers (or `expect[what]`) connected to each listener (or the window
+    ends). -> failures."""
+    need = expect if isinstance(expect, dict) else {what: expect for what, _, _ in listen}
     failures: list[tuple[str, str]] = []
     servers: list[tuple[str, socket.socket]] = []
     for what, host, port in listen:
@@ -115,7 +115,7 @@ def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, i
     deadline = time.monotonic() + window
     pending = list(reach)
     accepted = {what: 0 for what, _ in servers}
-    while time.monotonic() < deadline and (pending or any(accepted[w] < expect for w, _ in servers)):
+    while time.monotonic() < deadline and (pending or any(accepted[w] < need.get(w, 0) for w, _ in servers)):
         for what, s in servers:
             try:
                 while True:
@@ -149,16 +149,16 @@ def help_flags(text: str) -> set[str]:
     return {f.rstrip(".").replace("_", "-") for f in _FLAG.findall(text)}
 
 
-def vllm_flags(argv: list[str], run: Callable[[list[str]], str]) -> tuple[list[tuple[str, str]], list[str]]:
+def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
     """(failures, notes) for the server command `argv` (`... serve MODEL --flag ...`): every `--flag` must be in
-    `<executable> serve --help=all`, which `run` returns (ChildProcessError: it gave none)."""
+    `<executable> serve --help=all`, which `run` returns (None: it could not be run)."""
     if "serve" not in argv:
         return [], []
     cut = argv.index("serve")
-    try:  # a failure is not a timeout (issue 37): the note says which
-        text = run([*argv[:cut], "serve", "--help=all"])
-    except ChildProcessError as exc:
-        return [], [f"`{' '.join(argv[:cut])} serve --help=all` {exc}: the server's flags were not checked"]
+    text = run([*argv[:cut], "serve", "--help=all"])
+    if text is None:
+        return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all` within {HELP_TIMEOUT_S:g} s: the "
+                    "server's flags were not checked"]
     known = help_flags(text)
     if "--port" not in known:  # not vLLM's help (a wrapper without --help=all): nothing to compare with
         return [], [f"`{' '.join(argv[:cut])} serve --help=all` listed no vLLM flags: the server's flags were not "
@@ -182,7 +182,11 @@ def server_python(exe: list[str]) -> str | None:
         return None
     if _PYTHON.fullmatch(os.path.basename(path)):
         return path
-    first = (_regular_text(Path(path), 512) or "").partition("\n")[0]
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
     words = first[2:].split() if first.startswith("#!") else []
     if words and os.path.basename(words[0]) == "env" and len(words) > 1:
         words = [shutil.which(words[1]) or ""]
@@ -257,7 +261,7 @@ def missing_routes(package: str, version: str, routes: dict[str, str | None]) ->
 
 def server_probe(argv: list[str], facts: dict[str, Any], *,
                  meta: Callable[[str], dict[str, Any] | None] = installed_vllm,
-                 run: Callable[[list[str]], str] | None = None) -> tuple[list[tuple[str, str]], list[str], str]:
+                 run: Callable[[list[str]], str | None] | None = None) -> tuple[list[tuple[str, str]], list[str], str]:
     """(failures, notes, how the flags were checked: `table <release>`, `--help=all` or `none`) for the server
     command `argv`, from the installed vLLM's metadata and the rendered facts (steps/preflight.json)."""
     if "serve" not in argv:
@@ -388,31 +392,12 @@ def checkpoint_need(model: str, env: dict[str, str], per_param: int | None) -> t
         return size, "the model's weights"
     dtype = None
     try:
-        config = json.loads(_regular_text(d / "config.json") or "")
+        config = json.loads((d / "config.json").read_text())
         dtype = config.get("torch_dtype") or config.get("dtype")
-    except (ValueError, AttributeError):  # no config.json (or not a file: PF110), not JSON, not an object
+    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object
         pass
     params = size // _FILE_DTYPE_BYTES.get(str(dtype), 2)
     return params * per_param, f"~{params / 1e9:.2f} B parameters x {per_param} bytes of weights and AdamW state"
-
-
-def _regular_text(path: Path, limit: int = 1 << 20) -> str | None:
-    """The text of `path` if fstat of its descriptor says regular file, else None (opened without blocking: a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read(limit).decode("utf-8", "replace") if stat.S_ISREG(os.fstat(fd).st_mode) else None
-
-
-def model_files(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
-    """PF110: the model's config.json is there but not a regular file (loading would block on a FIFO, or fail)."""
-    d = model_dir(model, env)
-    if d is None or not os.path.exists(d / "config.json") or os.path.isfile(d / "config.json"):
-        return []
-    return [("PF110", f"the model's {d}/config.json is not a regular file (a FIFO, a directory, a device): "
-                      "loading it would block or fail")]
 
 
 def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
@@ -499,18 +484,12 @@ def command_probes(record: dict[str, Any], roles: list[str], env: dict[str, str]
     return failures
 
 
-def _run_help(cmd: list[str]) -> str:
-    started = time.monotonic()
+def _run_help(cmd: list[str]) -> str | None:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise ChildProcessError(f"did not answer within {HELP_TIMEOUT_S:g} s") from None
-    except OSError as exc:
-        raise ChildProcessError(f"could not be started ({exc.strerror})") from None
-    if p.returncode != 0:
-        said = "".join(f": {line[:200]}" for line in (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:])
-        raise ChildProcessError(f"failed in {time.monotonic() - started:.1f} s (exit {p.returncode}{said})")
-    return p.stdout + p.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout + p.stderr if p.returncode == 0 else None
 
 
 def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str],
@@ -526,23 +505,34 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     trainers = [n for n in record["nodes"] if "trainer" in n["roles"]]
     listen: list[tuple[str, str, int]] = []
     reach: list[tuple[str, str, int]] = []
-    expect = 0
+    expect: dict[str, int] = {}
+    replicas = [r["positions"] for r in (record.get("server") or {}).get("replicas") or []]
     for port in record["ports"]:
         host = names[port["host_position"]]
         if port["name"] == "server_http":
             server_host = record.get("server_host") or host
             if port["host_position"] == me["position"]:
-                listen.append((f"vllm.port (server_http, {port['spec_path']})", server_host, port["value"]))
-                expect = max(expect, len(trainers))
+                what = f"vllm.port (server_http, {port['spec_path']})"
+                listen.append((what, server_host, port["value"]))
+                expect[what] = len(trainers)
             if "trainer" in me["roles"]:
                 reach.append((f"the server's HTTP port ({port['spec_path']})", server_host, port["value"]))
         elif port["name"] == "group":
             if port["host_position"] == me["position"] and "trainer" in me["roles"]:
-                listen.append((f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})",
-                               host, port["value"]))
-                expect = max(expect, len(servers))
+                what = f"vllm.group_port (the weight-sync rendezvous on trainer rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(servers)
             if "server" in me["roles"]:
                 reach.append((f"trainer rank 0's weight-sync port ({port['spec_path']})", host, port["value"]))
+        elif port["name"] == "master":
+            # a replica over several nodes: vLLM's rendezvous on its first node, which its other nodes join
+            members: list[int] = next((r for r in replicas if r and r[0] == port["host_position"]), [])
+            if port["host_position"] == me["position"]:
+                what = f"vllm.master_port (vLLM's rendezvous on the replica's rank 0, {port['spec_path']})"
+                listen.append((what, host, port["value"]))
+                expect[what] = len(members) - 1
+            elif me["position"] in members:
+                reach.append((f"the replica's rank 0 rendezvous ({port['spec_path']})", host, port["value"]))
     # the server probe reads metadata (~0.1 s), or imports vLLM for `serve --help=all` where the flag table has no
     # row (10-50 s): either way it runs while the TCP probes wait for their peers
     server: list[tuple[list[tuple[str, str]], list[str], str]] = []
@@ -576,7 +566,7 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     if "trainer" in me["roles"]:
         need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
         failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
-    failures += offline_model(model, env) + model_files(model, env)
+    failures += offline_model(model, env)
     failures += command_probes(record, list(me["roles"]), env, facts)
     return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
             "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}

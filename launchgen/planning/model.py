@@ -93,7 +93,7 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Port:
-    name: Literal["server_http", "group", "main_process", "colocate_master", "dp_rpc"]
+    name: Literal["server_http", "group", "main_process", "colocate_master", "dp_rpc", "master"]
     base: int
     var: str  # run-time variable holding base + offset
     host_position: int  # node position that binds it
@@ -202,6 +202,9 @@ class ServerPlan:
     container: ContainerPlan | None = None
     #: the heterogeneous job's component the server steps run in (None: not a heterogeneous job)
     het_group: int | None = None
+    pipeline_parallel_size: int = 1
+    #: a replica spans several nodes: one `vllm serve` per node (`--nnodes`), rank 0 the API, the others headless
+    multi_node: bool = False
 
     @property
     def srun_args(self) -> Argv:
@@ -217,6 +220,12 @@ class ServerPlan:
     @property
     def multi_replica(self) -> bool:
         return len(self.replicas) > 1
+
+    @property
+    def parallel(self) -> str:
+        """`TP t x DP d`, with ` x PP p` where there are pipeline stages (the script's comments, `plan`)."""
+        pp = f" x PP {self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1 else ""
+        return f"TP {self.tensor_parallel_size}{pp} x DP {self.data_parallel_size}"
 
 
 @dataclass(frozen=True)

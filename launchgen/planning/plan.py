@@ -183,6 +183,10 @@ def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
             ports.append(Port("group", ports_rule.replica_port(v.group_port, k), V.LG_GROUP_PORT + sfx, 0,
                               f"trainer rank 0 (NCCL weight-transfer rendezvous{of})", "every server worker",
                               "vllm.group_port", k))
+            if lay.multi_node:
+                ports.append(Port("master", ports_rule.replica_port(v.master_port, k), V.LG_MASTER_PORT + sfx,
+                                  leader, f"vllm serve{of} rank 0 (torch.distributed rendezvous)",
+                                  "the replica's headless server nodes", "vllm.master_port", k))
             if lay.multi_node_dp:
                 ports.append(Port("dp_rpc", ports_rule.replica_port(v.dp_rpc_port, k), V.LG_DP_RPC_PORT + sfx,
                                   leader, f"vllm serve{of} (DP coordinator)", "headless server nodes",
@@ -275,8 +279,8 @@ def _select_gpus_expr(gpus: tuple[int, ...]) -> str:
 def _assert_parallel_layout(lay: Layout) -> None:
     """The TP/DP rules the checks enforce (LG201, LG202, LG209, LG904 in colocate)."""
     if lay.mode == "server" and not lay.server_cpu:
-        _invariant(lay.tp_dp_matches_server and lay.server_tp_fits_node,
-                   "TP x DP does not tile the server GPUs node by node (LG201/LG202)")
+        _invariant(lay.tp_dp_matches_server and lay.server_tp_tiles_nodes,
+                   "TP x PP x DP does not tile the server GPUs node by node (LG201/LG202)")
     elif lay.mode == "colocate":
         _invariant(lay.data_parallel_size == 1, "data_parallel_size in colocate mode (LG904)")
         _invariant(lay.colocate_tp_fits, "colocate TP does not divide the trainer processes of a node (LG209)")
@@ -353,31 +357,46 @@ def _endpoints(lay: Layout, gpus: GpuAssignment) -> tuple[Endpoint, ...]:
             Endpoint("server workers" + what, first, "group", Ref(V.LG_MAIN_PROCESS_IP),
                      "NCCL weight-transfer rendezvous (advertised by trainer rank 0 as VLLM_HOST_IP)"),
         ]
+        if lay.multi_node:
+            endpoints.append(Endpoint("headless server nodes" + what, rp.positions[0], "master",
+                                      Ref(V.LG_MASTER_ADDR), "vLLM's engine rendezvous (--master-addr/--master-port)"))
         if lay.multi_node_dp:
             endpoints.append(Endpoint("headless server nodes" + what, rp.positions[0], "dp_rpc",
-                                      Ref(V.LG_DP_ADDRESS), "vLLM data-parallel coordination"))
+                                      Ref(V.LG_MASTER_ADDR), "vLLM data-parallel coordination"))
     if lay.mode == "colocate":
         endpoints.append(Endpoint("trainer processes (vLLM)", first, "colocate_master",
                                   Ref(V.LG_MAIN_PROCESS_IP), "vLLM external-launcher rendezvous"))
     return tuple(endpoints)
 
 
-def _server_common_argv(spec: Spec, lay: Layout, dp_rpc_var: str = V.LG_DP_RPC_PORT) -> list[Word]:
-    """The `vllm serve` words every server node runs (the leader adds host and port, the others --headless)."""
+def _server_common_argv(spec: Spec, lay: Layout, sfx: str = "") -> list[Word]:
+    """The `vllm serve` words every server node of a replica runs (`_node_argv` adds each node's own)."""
     v = spec.vllm
     assert v is not None
-    tp, dp = lay.tensor_parallel_size, lay.data_parallel_size
+    tp, pp, dp = lay.tensor_parallel_size, lay.pipeline_parallel_size, lay.data_parallel_size
     common: list[Word] = [*v.executable_words, "serve", spec.model.name_or_path]
     if spec.model.revision:
         common += ["--revision", spec.model.revision]
     if spec.model.trust_remote_code:
         common.append("--trust-remote-code")
     common += ["--dtype", server_dtype(spec), "--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        common += ["--pipeline-parallel-size", str(pp)]
     if dp > 1:
         common += ["--data-parallel-size", str(dp)]
-    if lay.multi_node_dp:
-        common += ["--data-parallel-size-local", str(lay.data_parallel_size_local), "--data-parallel-address",
-                   Ref(V.LG_DP_ADDRESS), "--data-parallel-rpc-port", Ref(dp_rpc_var)]
+    if v.enable_expert_parallel:
+        common.append("--enable-expert-parallel")
+        if v.all2all_backend is not None:
+            common += ["--all2all-backend", v.all2all_backend]
+        if v.enable_eplb:
+            common.append("--enable-eplb")
+    if lay.multi_node:
+        # vLLM's own multi-node mode (no Ray): every node names the replica's size and rank 0's rendezvous; with
+        # DP, vLLM infers each node's DP ranks from --node-rank and coordinates them at the same address
+        common += ["--nnodes", str(lay.replica_nodes), "--master-addr", Ref(V.LG_MASTER_ADDR),
+                   "--master-port", Ref(V.LG_MASTER_PORT + sfx)]
+        if lay.multi_node_dp:
+            common += ["--data-parallel-rpc-port", Ref(V.LG_DP_RPC_PORT + sfx)]
     if v.device == "cuda":
         common += ["--gpu-memory-utilization", repr(v.gpu_memory_utilization)]
     if v.kv_cache_memory_bytes is not None:
@@ -407,7 +426,8 @@ def _server_plan(spec: Spec, lay: Layout, gpus: GpuAssignment) -> ServerPlan:
                       lay.data_parallel_size_local, lay.multi_node_dp, v.bind, replicas[0].commands, replicas[0].env,
                       "/health", v.health_timeout, " ".join(v.executable_words), replicas,
                       v.max_replica_restarts if v.restart_replicas else 0, container=container,
-                      het_group=SERVER_GROUP if is_hetjob(spec) else None)
+                      het_group=SERVER_GROUP if is_hetjob(spec) else None,
+                      pipeline_parallel_size=lay.pipeline_parallel_size, multi_node=lay.multi_node)
 
 
 def _role_container(spec: Spec, role: RoleName, uses_gpus: bool, env: tuple[EnvVar, ...]) -> ContainerPlan | None:
@@ -426,18 +446,17 @@ def _replica_plan(spec: Spec, lay: Layout, rp: ReplicaPlace) -> ReplicaPlan:
     v = spec.vllm
     assert v is not None
     sfx = "" if rp.index == 0 else f"_R{rp.index}"  # its script variables (ReplicaPlan.var)
-    dp, dp_local = lay.data_parallel_size, lay.data_parallel_size_local
-    common = _server_common_argv(spec, lay, V.LG_DP_RPC_PORT + sfx)
+    common = _server_common_argv(spec, lay, sfx)
     commands = []
     for k, pos in enumerate(rp.positions):
+        argv: list[Word] = [*common, *(("--node-rank", str(k)) if lay.multi_node else ())]
         if k == 0:
-            argv: list[Word] = [*common]
-            if dp > 1:
+            if lay.data_parallel_size > 1:
                 # vLLM defaults to one API server per DP rank; only one would carry the dev routes
                 argv += ["--api-server-count", "1"]
             argv += ["--host", Ref(V.LG_SERVER_BIND), "--port", Ref(V.LG_SERVER_PORT + sfx)]
         else:
-            argv = [*common, "--headless", "--data-parallel-start-rank", str(k * dp_local)]
+            argv.append("--headless")  # rank k > 0: engine workers only, joined to rank 0's engine
         argv += list(v.extra_args)
         commands.append(ServerCommand(pos, k, tuple(argv)))
     senv = [

@@ -1,12 +1,14 @@
 """Where each vLLM server replica runs: the pure placement math of `vllm.replicas` (stdlib + the layout).
 
-A replica is one independent `vllm serve` group of `tensor_parallel_size x data_parallel_size` GPUs. The
+A replica is one independent `vllm serve` group of `tensor_parallel_size x pipeline_parallel_size x
+data_parallel_size` GPUs. The
 server's GPUs (`Layout.server_positions` x `Layout.server_gpus`, in that order) are cut into `replicas` equal
 consecutive slices:
 
 - a replica at least as large as a node's server GPUs takes whole nodes (its size a multiple of them);
 - a smaller one takes a consecutive slice of one node's server GPUs (its size dividing them);
-- a CPU server (no GPUs) runs every replica on the server node.
+- a CPU server (no GPUs) runs every replica on the server node, or its one replica with one worker on each
+  of its nodes (`Layout.cpu_one_per_node`).
 
 `place` returns None where no such cut exists (the checks report LG220); the plan asserts it never does.
 Ports: replica k listens on `vllm.port + k` and has its weight-transfer group on `vllm.group_port + k`
@@ -46,6 +48,8 @@ def place(lay: Layout, replicas: int) -> tuple[ReplicaPlace, ...] | None:
     """Each replica's nodes and GPUs, or None when the server's GPUs do not cut into such replicas."""
     if lay.mode != "server" or not lay.server_positions:
         return None
+    if lay.cpu_one_per_node:
+        return (ReplicaPlace(0, lay.server_positions, ()),)
     if lay.server_cpu:
         return tuple(ReplicaPlace(k, (lay.server_positions[0],), ()) for k in range(replicas))
     per_node, size = lay.server_gpus_per_node, lay.replica_size

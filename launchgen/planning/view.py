@@ -146,8 +146,9 @@ def summary_lines(plan: Plan) -> list[str]:
     ]
     if plan.server is not None:
         s = plan.server
-        lines.append(f"server: {s.executable} serve, TP {s.tensor_parallel_size} x DP {s.data_parallel_size} on "
-                     f"node(s) {','.join(str(p) for p in s.positions)}"
+        lines.append(f"server: {s.executable} serve, {s.parallel} on node(s) {','.join(str(p) for p in s.positions)}"
+                     + (f", each replica one engine over {len(s.replicas[0].positions)} nodes (rank 0 the API, the "
+                        "others --headless)" if s.multi_node else "")
                      + (f", {len(s.replicas)} replicas" if s.multi_replica else "") + ", binds "
                      f"{'the node address' if s.bind == 'node' else s.bind}, /health timeout {s.health_timeout} s")
     lines += _container_lines(plan)

@@ -71,6 +71,11 @@ def _str_or_none(v: Any) -> str | None:
 
 
 def _server_failed(e: J.EventLine) -> tuple[str, str | None, dict[str, Any]]:
+    rank, node = e.fields.get("rank"), e.fields.get("node")
+    if rank is not None:  # a replica over several nodes: the rank that ended first or never joined
+        what = "never joined the engine" if J.Ev.HEALTH_TIMEOUT in e.words else f"exited ({e.fields.get('exit', '?')})"
+        return Seen.SERVER_DIED, "server", {"exit_code": e.fields.get("exit"),
+                                           "message": f"server rank {rank} on node {node} {what}"}
     if J.Ev.HEALTH_TIMEOUT in e.words:
         return Seen.HEALTH_TIMEOUT, "server", {}
     if J.Ev.HEALTH_LOST in e.words:
@@ -110,7 +115,9 @@ def _event_from_line(e: J.EventLine, attempt: int | None) -> Event:
     name, role, extra = meaning(e) if meaning else (e.name, None, {})
     raw: dict[str, Any] = {"event": name, "ts": e.text.split()[0], "role": role, "attempt": attempt,
                            "text": e.text, **e.fields, **{k: v for k, v in extra.items() if v is not None}}
-    return Event(ts=e.ts, event=name, role=role, node=None, attempt=attempt, exit_code=_as_int(raw.get("exit_code")),
+    # a multi-node server's failure names its rank's node (server_failed ... node=<name>): that node's log explains it
+    return Event(ts=e.ts, event=name, role=role, node=_str_or_none(e.fields.get("node")), attempt=attempt,
+                 exit_code=_as_int(raw.get("exit_code")),
                  signal=_str_or_none(raw.get("signal")), message=_str_or_none(raw.get("message")), raw=raw)
 
 

@@ -81,8 +81,8 @@ LG_SERVER_HOST = _var("LG_SERVER_HOST", "address trainers and the supervisor use
 LG_SERVER_HOST_YAML = _var("LG_SERVER_HOST_YAML", "LG_SERVER_HOST as a YAML single-quoted scalar [trainer step]",
                            ref=True)
 LG_SERVER_BIND = _var("LG_SERVER_BIND", "address `vllm serve --host` binds [server step]", ref=True)
-LG_DP_ADDRESS = _var("LG_DP_ADDRESS", "address of the first server node (vLLM DP coordinator) [server step]",
-                     ref=True)
+LG_MASTER_ADDR = _var("LG_MASTER_ADDR", "address of a multi-node replica's first node (vLLM's --master-addr, also its "
+                      "DP coordinator) [server step]", ref=True)
 LG_REPLICAS_YAML = _var("LG_REPLICAS_YAML", "every replica's host, port and group port as a YAML list "
                         "(vllm.replicas > 1) [trainer step]", ref=True)
 LG_SUBMIT_DIR = _var("LG_SUBMIT_DIR", "the directory the job was submitted from (mounted into containers) "
@@ -97,6 +97,7 @@ LG_GROUP_PORT = _var("LG_GROUP_PORT", "vllm.group_port + offset", ref=True)
 LG_MAIN_PROCESS_PORT = _var("LG_MAIN_PROCESS_PORT", "train.main_process_port + offset", ref=True)
 LG_COLOCATE_MASTER_PORT = _var("LG_COLOCATE_MASTER_PORT", "train.colocate_master_port + offset", ref=True)
 LG_DP_RPC_PORT = _var("LG_DP_RPC_PORT", "vllm.dp_rpc_port + offset", ref=True)
+LG_MASTER_PORT = _var("LG_MASTER_PORT", "vllm.master_port + offset (a replica over several nodes)", ref=True)
 
 # --- the supervisor ----------------------------------------------------------------------------------------
 LG_SERVER_PID = _var("LG_SERVER_PID", "the server step's srun (or process) id, which the supervisor waits on")
@@ -120,6 +121,10 @@ LG_HEALTHY = _var("LG_HEALTHY", "1 once a replica answered /health")
 LG_LAST_OK = _var("LG_LAST_OK", "when a replica last answered /health (a hung one is stopped after HEALTH_LOST_S)")
 LG_PROBE_FAILS = _var("LG_PROBE_FAILS", "a replica's /health failures in a row (without restarts: error answers)")
 LG_PROBE_RC = _var("LG_PROBE_RC", "the last /health probe: 0 answered 200, 2 answered another status, else no answer")
+LG_RANK_NOTE = _var("LG_RANK_NOTE", "which rank of a multi-node server replica ended first or never joined, and "
+                    "its node and log (the supervisor's message)")
+LG_RANK = _var("LG_RANK", "that rank's index, for the server_failed event")
+LG_RANK_NODE = _var("LG_RANK_NODE", "that rank's node, for the server_failed event")
 LG_RESTARTS = _var("LG_RESTARTS", "how often a replica was restarted (vllm.restart_replicas)")
 
 # --- the preflight step ------------------------------------------------------------------------------------

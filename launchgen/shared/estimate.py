@@ -37,10 +37,10 @@ role's settings; `launchgen.planning.estimate_spec.estimate` gathers them from a
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+from launchgen.shared.modelshape import ModelShape
 
 GIB = 2**30
 
@@ -88,101 +88,6 @@ DEFAULT_PROMPT_TOKENS = 512
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TrainBackend = Literal["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"]
-
-
-# --- model ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The numbers of a decoder-only transformer the estimate needs (config.json's names)."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    vocab_size: int
-    head_dim: int | None = None
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    max_position_embeddings: int | None = None
-    num_experts: int = 0
-    moe_intermediate_size: int | None = None
-    source: str = ""
-
-    KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-            "vocab_size", "head_dim", "tie_word_embeddings", "max_position_embeddings")
-
-    @classmethod
-    def from_config(cls, data: Mapping[str, Any], source: str = "") -> ModelShape | None:
-        """From config.json's dict (or its `text_config`); None when a needed key is missing."""
-        text = data.get("text_config")
-        d: Mapping[str, Any] = text if isinstance(text, dict) else data
-
-        def num(key: str) -> int | None:
-            v = d.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
-
-        need = {k: num(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                                     "vocab_size")}
-        if any(v is None for v in need.values()):
-            return None
-        experts = num("num_experts") or num("num_local_experts") or num("n_routed_experts") or 0
-        model_type = str(d.get("model_type") or data.get("model_type") or "")
-        return cls(
-            hidden_size=need["hidden_size"] or 0, num_hidden_layers=need["num_hidden_layers"] or 0,
-            num_attention_heads=need["num_attention_heads"] or 0,
-            num_key_value_heads=num("num_key_value_heads") or need["num_attention_heads"] or 0,
-            intermediate_size=need["intermediate_size"] or 0, vocab_size=need["vocab_size"] or 0,
-            head_dim=num("head_dim"),
-            tie_word_embeddings=(d.get("tie_word_embeddings", data.get("tie_word_embeddings")) is True),
-            # Qwen2 always has q/k/v biases (its config has no key for it); others say attention_bias
-            qkv_bias=model_type == "qwen2" or d.get("attention_bias") is True,
-            max_position_embeddings=num("max_position_embeddings"),
-            num_experts=experts if experts > 1 else 0, moe_intermediate_size=num("moe_intermediate_size"),
-            source=source,
-        )
-
-    @property
-    def head_size(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    def layer_linears(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear of one decoder layer (peft_config.LAYER_LINEARS' names)."""
-        h, hd = self.hidden_size, self.head_size
-        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-        inter = self.intermediate_size
-        return {"self_attn.q_proj": (h, q), "self_attn.k_proj": (h, kv), "self_attn.v_proj": (h, kv),
-                "self_attn.o_proj": (q, h), "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter),
-                "mlp.down_proj": (inter, h)}
-
-    def layer_params(self) -> int:
-        h, hd = self.hidden_size, self.head_size
-        q, kv = self.num_attention_heads * hd, self.num_key_value_heads * hd
-        attn = 2 * h * q + 2 * h * kv + ((q + 2 * kv) if self.qkv_bias else 0)
-        if self.num_experts:
-            mlp = 3 * h * (self.moe_intermediate_size or self.intermediate_size) * self.num_experts \
-                + h * self.num_experts  # the router
-        else:
-            mlp = 3 * h * self.intermediate_size
-        return attn + mlp + 2 * h  # two RMSNorm weights
-
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    def parameter_count(self) -> int:
-        """Every parameter: layers, the final norm, embeddings and (untied) the LM head."""
-        head = 0 if self.tie_word_embeddings else self.embedding_params()
-        return self.num_hidden_layers * self.layer_params() + self.hidden_size + self.embedding_params() + head
-
-    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1) -> int:
-        """KV cache bytes per token on one TP rank (KV heads are replicated where TP exceeds them)."""
-        heads = math.ceil(self.num_key_value_heads / tp)
-        return 2 * self.num_hidden_layers * heads * self.head_size * dtype_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # --- GPU ------------------------------------------------------------------------------------------------
@@ -277,14 +182,18 @@ def server_activation_bytes(shape: ModelShape, tp: int, dtype_bytes: int) -> int
 
 
 def server_estimate(shape: ModelShape, *, tp: int, dtype: str, gpu_gib: float | None, max_model_len: int | None,
-                    gpu_memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None) -> RoleEstimate:
-    """One vLLM TP rank: weights, runtime reserve, and the KV cache that is left (or that is asked for)."""
+                    gpu_memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None,
+                    pp: int = 1, ep: int | None = None) -> RoleEstimate:
+    """One vLLM GPU of a TP x PP replica: weights, runtime reserve, and the KV cache that is left (or that is asked
+    for). A pipeline stage holds 1/PP of the weights (its layers; embeddings and head ride along, not counted);
+    with expert parallelism over `ep` GPUs (TP x DP) each holds 1/ep of the experts, the rest split by TP."""
     b = DTYPE_BYTES[dtype]
-    weights = shape.parameter_count() * b / tp / GIB
+    experts = shape.expert_params() if ep else 0
+    weights = ((shape.parameter_count() - experts) / tp + experts / (ep or 1)) * b / pp / GIB
     act = server_activation_bytes(shape, tp, b) / GIB
     parts = [Part("weights", weights), Part("activations + runtime", act + SERVER_RESERVE_GIB, rough=True)]
     length = max_model_len or shape.max_position_embeddings
-    per_token = shape.kv_bytes_per_token(b, tp)
+    per_token = shape.kv_bytes_per_token(b, tp, pp)
     notes: list[str] = []
     if kv_cache_memory_bytes is not None:
         kv = kv_cache_memory_bytes / GIB
@@ -301,7 +210,7 @@ def server_estimate(shape: ModelShape, *, tp: int, dtype: str, gpu_gib: float | 
             full = int(kv * GIB // (per_token * length))
     if max_model_len is None and length:
         notes.append(f"max_model_len unset: vLLM takes the model's {length}")
-    setup = f"TP {tp}, {dtype}"
+    setup = f"TP {tp}{f' x PP {pp}' if pp > 1 else ''}{f', EP {ep}' if ep else ''}, {dtype}"
     return RoleEstimate("server", setup, parts, gpu_gib, budget, notes, full, length, kv, dtype)
 
 
@@ -514,14 +423,16 @@ def choose_checkpointing(shape: ModelShape, s: TrainerSetup, gpu_gib: float | No
 
 
 def smallest_tp(shape: ModelShape, *, dtype: str, gpu_gib: float, max_model_len: int | None,
-                gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, limit: int) -> int | None:
+                gpu_memory_utilization: float, kv_cache_memory_bytes: int | None, limit: int,
+                pp: int = 1) -> int | None:
     """The smallest TP (a divisor of the attention heads, at most `limit`) whose ranks fit and hold at least one
-    full-length sequence, or None when none does."""
+    full-length sequence beside PP - 1 other pipeline stages, or None when none does."""
     for tp in range(1, limit + 1):
         if shape.num_attention_heads % tp:
             continue
         e = server_estimate(shape, tp=tp, dtype=dtype, gpu_gib=gpu_gib, max_model_len=max_model_len,
-                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes)
+                            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                            pp=pp)
         if e.verdict in ("fits", "tight"):
             return tp
     return None

@@ -176,6 +176,21 @@ def role_log_of(filename: str) -> tuple[str, str, int] | None:
     return next(((r, m["node"], 0) for r, rx in _ROLE_LOG_RES.items() if (m := rx.match(filename))), None)
 
 
+#: Each rank of a server replica that spans several nodes records itself in the pid directory under this name:
+#: `.node` (its node, at start), `.pid` (its `vllm serve`), `.exit` (that process's status once it ended). The
+#: supervisor names from them the node and rank that died or never joined, and tests kill a rank by its pid.
+SERVER_RANK_FILE = "{role}.rank{rank}"
+#: What vLLM logs on each node once its workers reach the engine's torch.distributed rendezvous
+#: (`world_size=N rank=R local_rank=L distributed_init_method=tcp://ADDR:PORT backend=...`; vLLM 0.32's
+#: parallel_state.py): a rank whose log lacks it at the health deadline never joined the engine.
+VLLM_RENDEZVOUS_MARK = "distributed_init_method="
+
+
+def server_rank_file(pid_dir: str | Path, role: str, rank: int, what: str) -> Path:
+    """`<pid dir>/<role>.rank<K>.<what>` (what: node, pid or exit) of a multi-node server replica's rank K."""
+    return Path(pid_dir) / (SERVER_RANK_FILE.format(role=role, rank=rank) + "." + what)
+
+
 def pid_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
     return Path(pid_dir) / node / PID_FILE.format(rank=rank)
 
@@ -262,10 +277,12 @@ _KINDS = (
     EventKind(Ev.TRAINER_START, ("nodes",), doc="the trainer step is started on these nodes"),
     EventKind(Ev.SERVER_HEALTHY, ("after", "replica"),
               doc="the health URL answered 200, `after=<s>s` into the attempt (of replica `<k>`, if several)"),
-    EventKind(Ev.SERVER_FAILED, ("exit", "replica"), (Ev.HEALTH_TIMEOUT, Ev.HEALTH_LOST, Ev.UNHEALTHY),
+    EventKind(Ev.SERVER_FAILED, ("exit", "replica", "rank", "node"), (Ev.HEALTH_TIMEOUT, Ev.HEALTH_LOST, Ev.UNHEALTHY),
               doc="the server (replica `<k>`, if several) died (`exit=<status>`), never became healthy "
               "(`health_timeout`), stopped answering /health after it was healthy (`health_lost`), or answered it "
-              "with an error status several probes in a row (`unhealthy`: vLLM answers 503 once its engine died)"),
+              "with an error status several probes in a row (`unhealthy`: vLLM answers 503 once its engine died); "
+              "for a replica over several nodes, `rank=<k> node=<name>` name the rank that ended first or never "
+              "joined the engine"),
     EventKind(Ev.REPLICA_RESTART, ("replica", "restart", "exit"),
               doc="vllm.restart_replicas: replica `<k>` died (`exit=<status>`) and its step starts again "
               "(`restart=<n>`, counted per replica and attempt)"),
@@ -512,6 +529,8 @@ def template_context() -> dict[str, Any]:
         "run_record_writer": RUN_RECORD_WRITER,
         "pid_dir_var": ENV_PID_DIR,
         "logs_announcement": LOGS_ANNOUNCEMENT,
+        "server_rank_file": SERVER_RANK_FILE,
+        "vllm_rendezvous_mark": VLLM_RENDEZVOUS_MARK,
         "wrapper_error_lines": WRAPPER_ERROR_LINES,
     }
 

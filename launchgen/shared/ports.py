@@ -21,6 +21,9 @@ SERVER_HTTP_DEFAULT = 8000
 MAIN_PROCESS_DEFAULT = 29500
 #: `vllm.dp_rpc_port`: vLLM's `--data-parallel-rpc-port` when DP spans nodes.
 DP_RPC_DEFAULT = 29550
+#: `vllm.master_port`: vLLM's `--master-port` (its torch.distributed rendezvous) on the first node of a server
+#: replica that spans several nodes; vLLM's own default, 29501, sits one above main_process_port.
+MASTER_DEFAULT = 29552
 #: `vllm.group_port`: the weight-transfer rendezvous trainer rank 0 hosts. TRL's 51216 lies in the ephemeral
 #: range (an outgoing connection can already hold it); this sits beside the other ports, below that range.
 GROUP_DEFAULT = 29551

@@ -626,9 +626,9 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
 LAUNCHGEN_EOF_74DC7D70B89A9935
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_04A236F23BA6269F'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_77120F1A3CCCE2B1'
 # [golden: launchgen/jobside/allocprobe.py verbatim; its sha256 begins the delimiter]
-LAUNCHGEN_EOF_04A236F23BA6269F
+LAUNCHGEN_EOF_77120F1A3CCCE2B1
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_9D823BB4288B23CF'
 {

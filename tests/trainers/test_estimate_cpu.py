@@ -16,7 +16,8 @@ from launchgen.trainers.declarations import memory_setup
 from launchgen.trainers.declarations.config import TrainerConfig
 from toy_runs import toy_cfg
 
-from launchgen.shared.estimate import GIB, ModelShape, TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.estimate import GIB, TrainerSetup, allocated_gib, trainer_estimate
+from launchgen.shared.modelshape import ModelShape
 from launchgen.shared.precision import trainable_weight_dtype
 
 

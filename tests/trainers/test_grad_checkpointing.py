@@ -14,7 +14,8 @@ from launchgen.trainers.core import Trainer
 from launchgen.trainers.declarations.config import TrainerConfig
 from toy_runs import read_metrics, toy_cfg
 
-from launchgen.shared.estimate import MARGIN, ModelShape, TrainerSetup, choose_checkpointing, trainer_estimate
+from launchgen.shared.estimate import MARGIN, TrainerSetup, choose_checkpointing, trainer_estimate
+from launchgen.shared.modelshape import ModelShape
 
 # Qwen2.5-1.5B's shape (the benchmark's c3): 64 rows of 32 + 256 tokens
 C3 = ModelShape(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,

@@ -16,9 +16,9 @@ export VLLM_REAL_VENV LAUNCHGEN_VLLM_REAL=1
 echo "== vllm_real: tests against a real CPU vllm serve (${VLLM_REAL_PART:-all})"
 # with the real-SLURM scenarios that use the real server (the cluster .ci/run started; LAUNCHGEN_REQUIRE_SLURM=1 there)
 case "${VLLM_REAL_PART:-all}" in
-  all) paths=(tests/vllm_real tests/slurm/test_real_vllm_scenarios.py) ;;
+  all) paths=(tests/vllm_real tests/slurm/test_real_vllm_scenarios.py tests/slurm/test_real_vllm_multinode.py) ;;
   server) paths=(tests/vllm_real) ;;
-  slurm) paths=(tests/slurm/test_real_vllm_scenarios.py) ;;
+  slurm) paths=(tests/slurm/test_real_vllm_scenarios.py tests/slurm/test_real_vllm_multinode.py) ;;
   *) echo "VLLM_REAL_PART must be all, server or slurm, not ${VLLM_REAL_PART}" >&2; exit 2 ;;
 esac
 python -m pytest -q -m vllm_real "${paths[@]}" "$@"

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from launchgen.trainers.declarations.peft_config import ALL_LINEAR
 
-from launchgen.shared.estimate import DEFAULT_PROMPT_TOKENS, ModelShape, TrainBackend, TrainerSetup
+from launchgen.shared.estimate import DEFAULT_PROMPT_TOKENS, TrainBackend, TrainerSetup
+from launchgen.shared.modelshape import ModelShape
 from launchgen.shared.precision import trainable_weight_dtype
 
 if TYPE_CHECKING:

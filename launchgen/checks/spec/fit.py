@@ -52,16 +52,17 @@ def _server(ctx: Ctx, e: Estimate, s: RoleEstimate) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is None or e.shape is None or e.gpu_gib is None:
         return
-    tp = v.tensor_parallel_size
+    tp, pp = v.tensor_parallel_size, ctx.layout.pipeline_parallel_size
     weights = s.parts[0].gib
-    per_seq = e.shape.kv_bytes_per_token(DTYPE_BYTES[s.dtype], tp) * (s.max_model_len or 0) / 2**30
+    per_seq = e.shape.kv_bytes_per_token(DTYPE_BYTES[s.dtype], tp, pp) * (s.max_model_len or 0) / 2**30
     if s.verdict == "does not fit":
         best = smallest_tp(e.shape, dtype=s.dtype, gpu_gib=e.gpu_gib, max_model_len=v.max_model_len,
                            gpu_memory_utilization=v.gpu_memory_utilization,
-                           kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=ctx.spec.slurm.gpus_per_node)
+                           kv_cache_memory_bytes=v.kv_cache_memory_bytes, limit=ctx.spec.slurm.gpus_per_node, pp=pp)
         fix = (f"Raise vllm.tensor_parallel_size to {best} (the smallest TP whose ranks hold the weights and a "
                f"{s.max_model_len}-token sequence)" if best is not None and best > tp else
-               "No TP within one node fits: use GPUs with more memory or a smaller model")
+               "No TP within one node fits: add server nodes and split the layers with "
+               "vllm.pipeline_parallel_size, or use GPUs with more memory or a smaller model")
         over_weights = s.total_gib - (s.kv_gib or 0) > (s.budget_gib or 0)
         if not over_weights and v.max_model_len is not None:
             fix += f", or lower vllm.max_model_len (one {v.max_model_len}-token sequence needs {_gib(per_seq)} of KV)"

@@ -139,7 +139,8 @@ def trainer_args_not_owned(ctx: Ctx) -> Iterator[Issue]:
 
 
 # data_parallel_size in colocate is LG904's, nodes/gpus are LG501's
-_SERVER_ONLY = ("port", "group_port", "dp_rpc_port", "bind", "extra_args", "health_timeout", "executable")
+_SERVER_ONLY = ("port", "group_port", "dp_rpc_port", "master_port", "bind", "extra_args", "health_timeout",
+                "executable", "enable_expert_parallel", "all2all_backend", "enable_eplb")
 _COLOCATE_ONLY = ("enable_sleep_mode",)
 
 

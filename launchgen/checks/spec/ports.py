@@ -41,6 +41,7 @@ PORT_NAMES = {
     "group": "weight-transfer group_port",
     "colocate_master": "colocate MASTER_PORT",
     "dp_rpc": "vLLM DP RPC port",
+    "master": "vLLM master_port (a multi-node replica's rendezvous)",
 }
 
 

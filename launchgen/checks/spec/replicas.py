@@ -41,7 +41,7 @@ def replicas_tile_nodes(ctx: Ctx) -> Iterator[Issue]:
         return
     if not lay.server_world_size or not lay.tp_dp_matches_server or len(set(lay.server_gpus)) != len(lay.server_gpus):
         return  # the count itself is wrong: LG201's (or LG102's, LG104's) message
-    if not lay.server_tp_fits_node:
+    if not lay.server_tp_tiles_nodes:
         return  # a TP group across nodes: LG202's message
     if place(lay, v.replicas) is None:
         yield ctx.issue("LG220", "vllm.replicas",

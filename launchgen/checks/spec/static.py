@@ -24,8 +24,8 @@ from launchgen.checks.registry import _doc, check
 from launchgen.input import directives
 from launchgen.planning.hetjob import is_hetjob
 from launchgen.planning.hfcache import ModelConfig
-from launchgen.shared.estimate import ModelShape
 from launchgen.shared.issues import Issue, SpecError
+from launchgen.shared.modelshape import ModelShape
 
 #: GPU type names (as sites spell them in GRES) of NVIDIA generations before Ampere, with compute capability.
 PRE_AMPERE = {
@@ -84,7 +84,7 @@ def bf16_on_pre_ampere(ctx: Ctx) -> Iterator[Issue]:
 
 def parameter_count(cfg: ModelConfig) -> int | None:
     """A decoder's parameters from config.json (dense or mixture-of-experts), or None if the keys are missing;
-    the count is the memory estimate's (`launchgen.shared.estimate.ModelShape`)."""
+    the count is the memory estimate's (`launchgen.shared.modelshape.ModelShape`)."""
     shape = ModelShape.from_config(cfg.data, cfg.source)
     return None if shape is None else shape.parameter_count()
 

@@ -10,13 +10,15 @@ from launchgen.shared.issues import Issue
 
 # === LG2xx tensor/data parallelism and the model =========================================================
 
-_doc("LG201", "error", "tensor_parallel_size x data_parallel_size (x vllm.replicas) differs from the server's "
-     "GPU count.",
-     "Make vllm.tensor_parallel_size * vllm.data_parallel_size * vllm.replicas equal the number of server GPUs.")
-_doc("LG202", "error", "A tensor-parallel group would not fit in one node (TP larger than, or not dividing, "
-     "the GPUs vLLM gets per node).",
-     "Use a vllm.tensor_parallel_size that divides the server GPUs per node (TP across nodes needs Ray); "
-     "scale out with data_parallel_size instead.")
+_doc("LG201", "error", "tensor_parallel_size x pipeline_parallel_size x data_parallel_size (x vllm.replicas) "
+     "differs from the server's GPU count (vllm.nodes x the server GPUs per node).",
+     "Make vllm.tensor_parallel_size * vllm.pipeline_parallel_size * vllm.data_parallel_size * vllm.replicas "
+     "equal the number of server GPUs (a replica may span whole server nodes).")
+_doc("LG202", "error", "A tensor-parallel group cannot be placed: larger than the GPUs of a one-node server "
+     "(or of a node, in colocate), or straddling a node boundary part-way (TP neither dividing the server GPUs per "
+     "node nor a multiple of them).",
+     "Use a vllm.tensor_parallel_size that divides the server GPUs per node and put the rest across nodes with "
+     "vllm.pipeline_parallel_size (or a TP that is a whole number of nodes, with vllm.nodes covering it).")
 _doc("LG203", "error", "num_attention_heads of the model is not divisible by tensor_parallel_size.",
      "Choose a vllm.tensor_parallel_size that divides num_attention_heads.")
 _doc("LG204", "error", "num_key_value_heads is neither divisible by tensor_parallel_size nor a divisor of it.",
@@ -44,8 +46,9 @@ def tp_dp_matches_server_gpus(ctx: Ctx) -> Iterator[Issue]:
     n = lay.server_world_size
     if n and not lay.tp_dp_matches_server:
         reps = f" x replicas {v.replicas}" if v.replicas > 1 else ""
+        pp = f" x pipeline_parallel_size {v.pipeline_parallel_size}" if v.pipeline_parallel_size > 1 else ""
         yield ctx.issue("LG201", "vllm.tensor_parallel_size",
-                        f"tensor_parallel_size {v.tensor_parallel_size} x data_parallel_size "
+                        f"tensor_parallel_size {v.tensor_parallel_size}{pp} x data_parallel_size "
                         f"{v.data_parallel_size}{reps} = {lay.replica_size * v.replicas}, "
                         f"but the server has {n} GPU(s) ({ctx.server_nodes} node(s) x "
                         f"{lay.server_gpus_per_node})")
@@ -59,18 +62,21 @@ def tp_fits_node(ctx: Ctx) -> Iterator[Issue]:
     tp = v.tensor_parallel_size
     lay = ctx.layout
     if v.mode == "server" and lay.server_world_size and not lay.tp_dp_matches_server:
-        return  # TP x DP does not match the server GPUs at all: one message, LG201's
-    if tp > ctx.spec.slurm.gpus_per_node:
+        return  # TP x PP x DP does not match the server GPUs at all: one message, LG201's
+    if v.mode == "server" and ctx.server_gpus:
+        per_node = lay.server_gpus_per_node
+        if lay.server_tp_tiles_nodes:
+            return  # inside a node, or whole nodes of a multi-node replica (LG210 warns about the link)
+        where = (f"a replica spans {lay.replica_nodes} node(s)" if lay.replica_nodes > 1
+                 else "a replica is one node")
+        yield ctx.issue("LG202", "vllm.tensor_parallel_size",
+                        f"tensor_parallel_size {tp} neither divides nor is a multiple of the {per_node} server "
+                        f"GPU(s) of a node ({where}), so a TP group would straddle a node boundary")
+        return
+    if tp > ctx.spec.slurm.gpus_per_node and v.mode != "server":
         yield ctx.issue("LG202", "vllm.tensor_parallel_size",
                         f"tensor_parallel_size {tp} is larger than slurm.gpus_per_node "
                         f"{ctx.spec.slurm.gpus_per_node}")
-        return
-    if v.mode == "server" and ctx.server_gpus:
-        per_node = ctx.layout.server_gpus_per_node
-        if not ctx.layout.server_tp_fits_node:
-            yield ctx.issue("LG202", "vllm.tensor_parallel_size",
-                            f"tensor_parallel_size {tp} does not divide the {per_node} server GPU(s) of a node, "
-                            "so a TP group would span nodes")
 
 
 def _tp(ctx: Ctx) -> int:
@@ -103,9 +109,9 @@ def dp_for_dense(ctx: Ctx) -> Iterator[Issue]:
     v = ctx.spec.vllm
     if v is None or v.mode != "server" or v.data_parallel_size == 1:
         return
-    cfg = ctx.model_config
-    if cfg is not None and cfg.is_moe:
-        return
+    cfg, numbers = ctx.model_config, ctx.spec.estimate.model
+    if (cfg is not None and cfg.is_moe) or (cfg is None and numbers is not None and (numbers.num_experts or 0) > 1):
+        return  # vLLM's DP is for mixture-of-experts models (config.json, else estimate.model, says so)
     what = "a dense model" if cfg is not None else "the model (config.json not reachable; fine if it is MoE)"
     yield ctx.issue("LG205", "vllm.data_parallel_size",
                     f"data_parallel_size {v.data_parallel_size} for {what}: every DP replica joins the weight "
