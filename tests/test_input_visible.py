@@ -79,7 +79,8 @@ def test_status_log_tail_shows_escapes(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(S, "_run", fake)
     _code, out, _err = run("status", "10", "--job-dir", str(d))
-    assert "Traceback\\x1b[2J" in out, out
+    # a log's escape sequences are removed, as `logs` does (issue 37): the text stays, the clear and title go
+    assert "Traceback\n" in out and "pwned" not in out and "\\x1b" not in out, out
     assert not any(c in out for c in UNSAFE)
 
 

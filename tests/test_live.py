@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from launchgen.checks.live import probes as live
@@ -326,3 +327,18 @@ def test_cpu_job_on_gpu_less_partition(tmp_path: Path, monkeypatch: pytest.Monke
     gpu_job = text.replace("device: cpu, ", "")
     assert only(run_live(load_spec_text(gpu_job, "s.yaml"), tmp_path, monkeypatch)) == [
         ("LG712", "slurm.gpus_per_node")]
+
+
+@pytest.mark.parametrize(("release", "refused"), [("slurm-wlm 22.05.8", ["--tres-bind=gres/gpu:closest"]),
+                                                  ("slurm 24.11.1", [])])
+def test_live_judges_extra_directives_against_this_clusters_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   release: str, refused: list[str]) -> None:
+    """Issue 37: `check --live` reads `sbatch --version` (22.05.8 on the local cluster refuses --tres-bind)."""
+    fake_bin(tmp_path, "sbatch", f'[ "$1" = --version ] && echo "{release}"\n')
+    data = yaml.safe_load(SPEC.format(partition="gpu", gpn=8, time="04:00:00", model="org/model", server_nodes=1,
+                                      port=8000, train_nodes=1, attn="sdpa"))
+    data["slurm"]["extra_directives"] = ["--tres-bind=gres/gpu:closest", "--constraint=h100"]
+    issues = run_live(load_spec_text(yaml.safe_dump(data), "spec.yaml"), tmp_path, monkeypatch)
+    found = [i for i in issues if i.code == "LG813"]
+    assert [i.message.split(" ")[0] for i in found] == refused, [i.format() for i in found]
+    assert all(i.severity == "error" and release in i.message for i in found)

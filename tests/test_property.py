@@ -1,5 +1,9 @@
 """Property tests over generated specs: never a traceback; every rejected spec exits 2 with a code.
 
+The generated sections cover the fields added since the first version (issue 37): containers (job-wide and per
+role), the heterogeneous job's server fields, replicas and their restarts, node counts around and far beyond the
+scale bounds, the TRL trainers, slurm.version and extra_directives judged against it.
+
 Specs are generated around the real schema (plausible values with awkward corners: out-of-range ports and
 GPU indices, shell metacharacters, newlines), then optionally mutated at a random path (junk value, deleted
 key, unknown key). Both the CLI (click's CliRunner) and the in-process API are exercised.
@@ -61,11 +65,24 @@ ARGS = st.fixed_dictionaries(
     },
 )
 
+#: counts around the scale bounds (launchgen.input.bounds: 65,536 nodes, 1,024 replicas, 1,000 restarts) and absurd
+#: ones (issue 37: 100000000 nodes took 12 GB); the plausible ones most of the time
+NODES = st.one_of(st.integers(0, 4), st.integers(0, 4), st.sampled_from([65_537, 10**8, 10**20, -1]))
+REPLICAS = st.one_of(st.integers(1, 4), st.sampled_from([10, 11, 1_025, 10**9, 0]))
+RESTARTS = st.one_of(st.integers(0, 5), st.sampled_from([1_000, 1_001, 10**21]))
+CONTAINER = st.one_of(st.none(), st.fixed_dictionaries(
+    {"runtime": st.sampled_from(["pyxis", "apptainer", "singularity", "charliecloud", "docker"]),
+     "image": mostly("docker://nvcr.io/nvidia/pytorch:25.01-py3", TEXT)},
+    optional={"mounts": st.lists(st.sampled_from(["/data", "/data:/mnt:ro", "rel", "/a:/b:rw:x", "$(id)"]),
+                                 max_size=2),
+              "extra_args": st.lists(st.sampled_from(["--nv", "--pid", "-p", "--cleanenv", "$(id)"]), max_size=2)}))
+
 TRAIN = st.fixed_dictionaries({"args": ARGS}, optional={
-            "nodes": st.integers(0, 4), "gpus": st.one_of(st.none(), st.none(), GPUS),
+            "nodes": NODES, "gpus": st.one_of(st.none(), st.none(), GPUS),
             "device": st.sampled_from(["cuda", "cpu"]),
             "backend": st.sampled_from(["ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"]),
-            "trainer": st.sampled_from(["grpo", "rloo", "online_dpo", "sft"]),
+            "trainer": st.sampled_from(["grpo", "rloo", "online_dpo", "sft", "trl.grpo", "trl.sft", "trl.dpo"]),
+            "container": CONTAINER,
             "precision": st.sampled_from(["bf16", "fp16", "fp32"]),
             "bf16": st.one_of(st.none(), st.booleans()), "fp16": st.one_of(st.none(), st.booleans()),
             "attn_implementation": ATTN, "use_liger_kernel": st.booleans(),
@@ -88,10 +105,15 @@ SPEC = st.fixed_dictionaries(
             "time": mostly("01:00:00", st.sampled_from(["00:01:00", "2-00:00:00", "90", "bogus", "5:00"])),
             "gpus_per_node": mostly(8, st.integers(0, 16)),
             "signal_grace": st.integers(0, 4000),
-            "max_restarts": st.integers(0, 5),
+            "max_restarts": RESTARTS,
+            "cpus_per_task": st.one_of(st.none(), st.integers(0, 8), st.just(10**21)),
+            "version": st.sampled_from(["22.05", "23.11", "24.11.1", "25.11", "bad", "9"]),
             "exclusive": st.booleans(),
             "extra_directives": st.lists(st.sampled_from(["--constraint=h100", "--nodes=2", "#SBATCH -x",
-                                                          "nodash", "--comment=$(id)"]), max_size=2),
+                                                          "nodash", "--comment=$(id)", "--tres-per-task=cpu:2",
+                                                          "--container=/x", "-w node[1-3]", "--nodelist=n[1-",
+                                                          "--segment=2", "--tasks-per-node=2", "--tres-bind=x",
+                                                          "-F hosts"]), max_size=2),
             "setup": st.lists(TEXT, max_size=2),
             "env": st.fixed_dictionaries({}, optional={
                 "all": st.dictionaries(st.sampled_from(["FOO", "HF_HUB_OFFLINE", "CUDA_VISIBLE_DEVICES", "1BAD",
@@ -99,14 +121,18 @@ SPEC = st.fixed_dictionaries(
                 "trainer": st.dictionaries(st.sampled_from(["BAR", "LG_X"]), TEXT, max_size=1),
             }),
         }),
+        "container": CONTAINER,
         "vllm": st.one_of(st.none(), st.fixed_dictionaries(
             {"mode": st.sampled_from(["server", "colocate"])},
             optional={
-                "nodes": st.integers(0, 3), "gpus": mostly([0, 1, 2, 3], GPUS),
+                "nodes": NODES, "gpus": mostly([0, 1, 2, 3], GPUS), "replicas": REPLICAS,
+                "restart_replicas": st.booleans(), "max_replica_restarts": RESTARTS, "container": CONTAINER,
+                "partition": TEXT, "account": TEXT, "qos": TEXT, "gpu_type": TEXT,
                 "tensor_parallel_size": mostly(4, st.integers(0, 9)),
                 "data_parallel_size": st.integers(1, 4), "port": PORT, "group_port": PORT, "dp_rpc_port": PORT,
                 "bind": st.sampled_from(["node", "0.0.0.0", "10.0.0.1", "bad host"]),
-                "max_model_len": st.integers(1, 10**5), "health_timeout": st.integers(0, 3600),
+                "max_model_len": st.integers(1, 10**5),
+                "health_timeout": st.one_of(st.integers(0, 3600), st.just(10**21)),
                 "extra_args": st.lists(st.sampled_from(["--port=1", "--enforce-eager", "--enable-scale-out",
                                                         "--seed 1", "$(id)", "-tp"]), max_size=3),
                 "version": VERSION, "enable_sleep_mode": st.booleans(),

@@ -12,6 +12,7 @@ import yaml
 
 from launchgen.checks import run_checks
 from launchgen.checks.spec.static import parameter_count, pre_ampere
+from launchgen.input import directives
 from launchgen.input.loader import load_spec_text
 from launchgen.planning.hfcache import ModelConfig
 
@@ -86,3 +87,52 @@ def test_an_option_sbatch_does_not_know_warns_and_known_spellings_do_not() -> No
     assert [(p, m.split(" in ")[0]) for _c, p, m in found] == [
         ("slurm.extra_directives.0", "--constraints=a100"), ("slurm.extra_directives.3", "-Z")]
     assert "unrecognized option" in found[0][2]
+
+
+def _severities(extra: list[str], **slurm: Any) -> list[tuple[str, str, str]]:
+    return [(c, p, m) for c, p, m in _issues({"slurm": {"gpus_per_node": 8, "extra_directives": extra, **slurm}})
+            if c in ("LG809", "LG813", "LG814")]
+
+
+def test_an_option_newer_than_the_clusters_slurm_is_refused_and_warned_about_without_a_release() -> None:
+    """Issue 37: --tres-bind, --segment, ... passed check and then this cluster's sbatch 22.05 refused the
+    script. With slurm.version the option is judged against that release; without, against 22.05, as a warning."""
+    extra = ["--tres-bind=gres/gpu:closest", "--segment=2", "--constraint=h100"]
+    assert _severities(extra, version="24.05") == []
+    old = _severities(extra, version="23.02")
+    assert [(c, p) for c, p, _m in old] == [("LG813", "slurm.extra_directives.0"), ("LG813", "slurm.extra_directives.1")]
+    assert "--tres-bind=gres/gpu:closest came with Slurm 23.11; sbatch 23.02" in old[0][2], old
+    unset = [i for i in _issues({"slurm": {"gpus_per_node": 8, "extra_directives": extra}}) if i[0] == "LG813"]
+    assert len(unset) == 2 and "set slurm.version" in unset[0][2]
+    loaded = load_spec_text(yaml.safe_dump({"job": {"name": "w"}, "model": {"name_or_path": "m"},
+                                            "slurm": {"extra_directives": extra},
+                                            "train": {"args": {"data": {"path": "d.jsonl"}}}}), "w.yaml")
+    _plan, issues = run_checks(loaded)
+    assert {i.severity for i in issues if i.code == "LG813"} == {"warning"}
+
+
+def test_a_nodelist_of_another_size_than_the_plan_is_refused() -> None:
+    # the base spec plans one node (the server shares it)
+    assert _severities(["-w node1"]) == [] and _severities(["--nodelist=gpu[07]"]) == []
+    [(code, path, msg)] = _severities(["--nodelist=gpu[01-03],login1"])
+    assert (code, path) == ("LG814", "slurm.extra_directives.0")
+    assert "names 4 node(s); the plan asks for 1" in msg, msg
+    assert [c for c, _p, _m in _severities(["--nodel node[1-2]"])] == ["LG814"]
+
+
+@pytest.mark.parametrize(("directive", "said"), [
+    ("--tasks-per-node=2", "it is --ntasks-per-node"), ("--ntasks-per-tres=1", "it is --ntasks-per-gpu"),
+    ("--tres-per-task=cpu:4", "--cpus-per-task"), ("--tres-per-task=gres/gpu:1", "--gpus-per-task"),
+    ("--container=/x", "the hazard LG262 refuses"), ("--container-id=c1", "the hazard LG262 refuses"),
+])
+def test_synonyms_of_reserved_options_and_oci_containers_are_refused(directive: str, said: str) -> None:
+    with pytest.raises(directives.DirectiveError, match="is refused") as exc:
+        directives.validate(directive)
+    assert said in str(exc.value), exc.value
+
+
+def test_the_option_table_knows_each_release() -> None:
+    assert directives.newer_than("--tres-per-task=cpu:1 --prefer=a --spread-segments", "22.05") == [
+        ("--tres-per-task=cpu:1", "23.02"), ("--spread-segments", "25.11")]
+    assert directives.newer_than("--oom-kill-step", "slurm 24.11.1") == []
+    assert directives.node_count("gpu[01-04,07],login1") == 6 and directives.node_count("n[a-b]") is None

@@ -550,6 +550,31 @@ def test_every_job_side_verb_fails_with_one_prefix_and_status_2(tmp_path: Path, 
     assert "Traceback" not in r.output
 
 
+#: what a log can hold that must not reach the terminal (issue 37): a title (OSC 0), a clipboard write (OSC 52),
+#: a hyperlink (OSC 8), a DCS string, a screen clear (CSI), C1 CSI, a reset (ESC c)
+HOSTILE = ("\x1b]0;pwned\x07 \x1b]52;c;ZXZpbA==\x1b\\ \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ \x1bPq#0\x1b\\"
+           " \x1b[2J \u009b2J \x1bc done")
+
+
+def test_logs_and_status_strip_osc_and_every_other_control_sequence(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _jobdir(tmp_path, "job10")
+    _fake_run(monkeypatch, (FIX / "scontrol-job10.txt").read_text())
+    for log in d.glob("logs/attempt-*/trainer-*.log"):
+        with log.open("a") as f:
+            f.write(HOSTILE + "\n")
+    from launchgen.cli import main
+
+    # color=True: click passes CSI through as on a terminal, so what is left is launchgen's own doing
+    logs = CliRunner().invoke(main, ["logs", "10", "--job-dir", str(d), "--role", "trainer", "-n", "1"], color=True)
+    assert logs.exit_code == 0, logs.output
+    assert logs.output.strip().endswith("link     done"), repr(logs.output)
+    status = CliRunner().invoke(main, ["status", "10", "--job-dir", str(d)], color=True)
+    assert "link     done" in status.output, status.output
+    for out in (logs.output, status.output):
+        assert "\x1b" not in out and "\u009b" not in out and "\\x1b" not in out and "pwned" not in out, repr(out)
+
+
 def test_a_pending_job_shows_its_expected_start_not_an_exit(tmp_path: Path) -> None:
     """Recorded from the local cluster: `sbatch --begin=now+3600` (JobState=PENDING, Reason=BeginTime, ExitCode=0:0,
     StartTime set). On main: `job PENDING (exit 0)` and no start time."""

@@ -4,7 +4,9 @@ and the codes the loader reports (documented here so the list is complete)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import launchgen.checks.registry as registry
@@ -92,7 +94,33 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def sort_issues(issues: Iterable[Issue]) -> list[Issue]:
-    return sorted(issues, key=lambda i: (i.line if i.line is not None else 0, _ORDER[i.severity], i.code, i.path))
+    return fold_alike(sorted(issues, key=lambda i: (i.line if i.line is not None else 0, _ORDER[i.severity], i.code,
+                                                    i.path)))
+
+
+#: this many findings that differ only in their numbers (a replica, a node, a list index) are shown as one line
+FOLD_FROM = 4
+_NUMBER = re.compile(r"\d+")
+
+
+def fold_alike(issues: list[Issue]) -> list[Issue]:
+    """Findings that repeat per replica, node or list entry (the same code, severity and fix, their message and
+    path alike but for numbers) become the first of them with a count: 20,000 replicas give one LG403 line, not
+    20,000. Fewer than FOLD_FROM alike stay as they are."""
+    def key(i: Issue) -> tuple[str, ...]:
+        return (i.code, i.severity, i.fix, i.file or "", _NUMBER.sub("#", i.path), _NUMBER.sub("#", i.message))
+
+    groups: dict[tuple[str, ...], list[Issue]] = {}
+    for i in issues:
+        groups.setdefault(key(i), []).append(i)
+    out: list[Issue] = []
+    for i in issues:
+        alike = groups[key(i)]
+        if len(alike) < FOLD_FROM:
+            out.append(i)
+        elif alike[0] is i:
+            out.append(replace(i, message=f"{i.message} (and {len(alike) - 1} more like it)"))
+    return out
 
 
 def has_errors(issues: Iterable[Issue]) -> bool:

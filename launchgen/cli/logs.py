@@ -7,6 +7,7 @@ import click
 from launchgen.cli.errors import fail
 from launchgen.readback.follow import Target, follow
 from launchgen.readback.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
+from launchgen.shared.visible import log_line
 
 
 @click.command("logs")
@@ -49,7 +50,7 @@ def command(job_id: str, role: str, node: str | None, attempt: int | None, lines
         return
     click.echo(f"==> {lg.path} (attempt {lg.attempt}, {lg.role} on {lg.node}) <==", err=True)
     for line in tail(lg.path, lines):
-        click.echo(line)
+        click.echo(log_line(line))
 
 
 def _target(job_id: str, job_dir: str | None, role: str, node: str | None, attempt: int | None,
@@ -78,5 +79,5 @@ def _follow(job_id: str, job_dir: str | None, role: str, node: str | None, attem
 
     if first.path:
         click.echo(f"==> {first.path} (following; Ctrl-C stops) <==", err=True)
-    follow(first, state, emit=click.echo, note=lambda m: click.echo(f"==> {m} <==", err=True), lines=lines)
+    follow(first, state, emit=lambda line: click.echo(log_line(line)), note=lambda m: click.echo(f"==> {m} <==", err=True), lines=lines)
     click.echo("==> the job is over <==", err=True)

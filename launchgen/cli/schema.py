@@ -79,6 +79,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _upper_bound(info: FieldInfo) -> str:
+    """A field's documented upper bound (launchgen.input.bounds; the loader refuses more with LG004)."""
+    le = next((m.le for m in info.metadata if isinstance(getattr(m, "le", None), int)), None)
+    return "" if le is None else f" At most {le:,}."
+
+
 def markdown_reference(model: type[BaseModel] = Spec, prefix: str = "", note: str = "") -> str:
     """Every field of `model` and its sections: one table per section, with dotted paths."""
     rows: list[str] = []
@@ -91,7 +97,7 @@ def markdown_reference(model: type[BaseModel] = Spec, prefix: str = "", note: st
             sections.append((path, sub, f"*{req}.* {info.description or ''}".strip()))
             continue
         rows.append(f"| `{path}` | {type_name(info.annotation)} | {default_text(info)} | "
-                    f"{_cell(info.description or '')} |")
+                    f"{_cell((info.description or '') + _upper_bound(info))} |")
     out: list[str] = []
     if rows:
         out.append(f"### `{prefix.rstrip('.')}`\n" if prefix else "### Top level\n")

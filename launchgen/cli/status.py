@@ -17,7 +17,7 @@ from launchgen import tables
 from launchgen.cli.errors import fail
 from launchgen.readback.status import JobStatus, SchedulerInfo, StatusError, collect
 from launchgen.shared.jobdir import EXIT_STATUS_JOB_FAILED, LOCAL_JOB_ID
-from launchgen.shared.visible import visible
+from launchgen.shared.visible import log_line, visible
 from launchgen.tables import print_table, print_text
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _print_rich(st: JobStatus) -> None:
     if st.failed_log:
         print_text(con, f"last {len(st.failed_log_tail)} lines of {st.failed_log}:")
         for line in st.failed_log_tail:
-            con.print(visible(line), markup=False, highlight=False, soft_wrap=True)
+            con.print(log_line(line), markup=False, highlight=False, soft_wrap=True)
 
 
 def _sweep(job_id: str, job_dir: str | None) -> SweepStatus | None:

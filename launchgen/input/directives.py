@@ -16,28 +16,41 @@ from typing import Literal
 
 Arg = Literal["none", "required", "optional"]
 
-#: sbatch's long options (Slurm 22.05-24.11) and whether they take a value; prefixes resolve against this.
+#: sbatch's long options (Slurm 20.11-25.11) and whether they take a value; prefixes resolve against this. Read
+#: from SchedMD's src/common/slurm_opt.c at each release tag (the options of `common_options` sbatch sets).
 LONG_OPTIONS: dict[str, Arg] = {
     **dict.fromkeys((
         "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir", "cluster", "cluster-constraint",
-        "clusters", "comment", "constraint", "container", "container-id", "core-spec", "cores-per-socket",
+        "clusters", "comment", "constraint", "container", "container-id", "context", "core-spec", "cores-per-socket",
         "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution",
-        "error", "export", "export-file", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus",
+        "error", "export", "export-file", "extra", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus",
         "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "hint", "input", "job-name",
         "kill-on-invalid-dep", "licenses", "mail-type", "mail-user", "mcs-label", "mem", "mem-bind",
         "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nodefile", "nodelist", "nodes", "ntasks",
-        "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "open-mode", "output",
-        "exclude", "partition", "power", "prefer", "priority", "profile", "qos", "reservation", "segment",
-        "signal", "sockets-per-node", "switches", "thread-spec", "threads-per-core", "time", "time-min",
-        "tmp", "tres-bind", "tres-per-task", "uid", "wait-all-nodes", "wckey", "wrap",
+        "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres",
+        "open-mode", "output", "exclude", "partition", "power", "prefer", "priority", "profile", "qos",
+        "reservation", "resources", "segment", "signal", "sockets-per-node", "switches", "tasks-per-node",
+        "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task", "uid",
+        "wait-all-nodes", "wckey", "wrap", "autocomplete",
     ), "required"),
-    **dict.fromkeys(("exclusive", "get-user-env", "nice", "no-kill", "propagate", "oom-kill-step"), "optional"),
+    **dict.fromkeys(("exclusive", "get-user-env", "nice", "no-kill", "propagate", "oom-kill-step", "resv-ports"),
+                    "optional"),
     **dict.fromkeys((
         "contiguous", "help", "hold", "ignore-pbs", "no-requeue", "overcommit", "oversubscribe", "parsable",
         "quiet", "reboot", "requeue", "spread-job", "spread-segments", "test-only", "usage", "use-min-nodes",
-        "verbose", "version", "wait", "stepmgr",
+        "verbose", "version", "wait", "stepmgr", "external", "consolidate-segments",
     ), "none"),
 }
+#: The release that introduced each option newer than 20.11 (the others are older): an older sbatch refuses the
+#: whole script for one of them (`unrecognized option`), as this cluster's 22.05 does for --tres-per-task.
+SINCE: dict[str, str] = {
+    "container": "21.08", "context": "21.08", "prefer": "22.05",
+    "autocomplete": "23.02", "container-id": "23.02", "extra": "23.02", "tres-per-task": "23.02",
+    "tres-bind": "23.11", "resv-ports": "24.05", "segment": "24.05", "stepmgr": "24.05", "oom-kill-step": "24.11",
+    "external": "25.05", "consolidate-segments": "25.11", "resources": "25.11", "spread-segments": "25.11",
+}
+#: The release `check` assumes where neither the spec (slurm.version) nor `check --live` (sbatch --version) says.
+ASSUMED_RELEASE = "22.05"
 
 #: sbatch's short options -> the long option they are.
 SHORT_OPTIONS: dict[str, str] = {
@@ -76,7 +89,16 @@ RESERVED: dict[str, str] = {
     "uid": "the job runs as the submitting user (the job directory, the pid files and scancel assume it)",
     "gid": "the job runs with the submitting user's group (the job directory assumes it)",
     "ntasks-per-gpu": "sbatch refuses it beside the --ntasks-per-node=1 launchgen writes (one task per node)",
-    **dict.fromkeys(("help", "usage", "version", "test-only"), "sbatch would not submit the job at all"),
+    "ntasks-per-tres": "it is --ntasks-per-gpu: sbatch refuses it beside the --ntasks-per-node=1 launchgen writes",
+    # other spellings of what launchgen writes
+    "tasks-per-node": "it is --ntasks-per-node: " + _ONE_TASK,
+    "tres-per-task": "it sets --cpus-per-task (cpu=N) and --gpus-per-task (gres/gpu:N): set slurm.cpus_per_task "
+                     "and the GPU fields instead",
+    # an OCI container (runc/crun) around the batch script and every step: the supervisor's signals, pid files
+    # and the watcher would cross a PID namespace, the hazard LG262 refuses for apptainer's --pid
+    **dict.fromkeys(("container", "container-id"), "it runs the batch script and every step in an OCI container "
+                    "with a PID namespace of its own (the hazard LG262 refuses): use the container section"),
+    **dict.fromkeys(("help", "usage", "version", "test-only", "autocomplete"), "sbatch would not submit the job at all"),
 }
 #: Options that conflict only when a typed field is set: option -> (field, predicate on the section's values).
 CONFLICTS: dict[str, tuple[str, str]] = {
@@ -84,7 +106,8 @@ CONFLICTS: dict[str, tuple[str, str]] = {
     "cpus-per-gpu": ("cpus_per_task", "slurm.cpus_per_task"), "oversubscribe": ("exclusive", "slurm.exclusive"),
 }
 #: The reserved options launchgen does not write itself (it refuses what they would change).
-_NOT_GENERATED = frozenset({"export-file", "get-user-env", "input", "uid", "gid", "ntasks-per-gpu"})
+_NOT_GENERATED = frozenset({"export-file", "get-user-env", "input", "uid", "gid", "ntasks-per-gpu", "ntasks-per-tres",
+                            "tasks-per-node", "tres-per-task", "container", "container-id"})
 #: Options sbatch refuses beside an option launchgen writes when the plan needs it ("mutually exclusive"):
 #: option -> the generated option it clashes with.
 REFUSED_BESIDE: dict[str, str] = {"cpus-per-gpu": "cpus-per-task", "mem-per-cpu": "mem", "mem-per-gpu": "mem"}
@@ -201,6 +224,50 @@ def refused_beside(directive: str, generated: list[str]) -> list[tuple[str, str]
 
 
 def unknown(directive: str) -> list[str]:
-    """The options of one (valid) entry that sbatch 22.05-24.11 does not know, as written: sbatch refuses the
-    whole script for one of them (`sbatch: unrecognized option`), unless the site runs a newer Slurm."""
+    """The options of one (valid) entry that no sbatch 20.11-25.11 knows, as written: sbatch refuses the whole
+    script for one of them (`sbatch: unrecognized option`)."""
     return [o.written for o in options(directive.strip()) if o.name not in LONG_OPTIONS]
+
+
+def release_key(release: str) -> tuple[int, int]:
+    """`23.11` (or `23.11.4`, or sbatch --version's `slurm 23.11.4`) -> (23, 11)."""
+    m = re.search(r"(\d+)\.(\d+)", release)
+    if m is None:
+        raise ValueError(f"not a Slurm release: {release!r}")
+    return int(m[1]), int(m[2])
+
+
+def newer_than(directive: str, release: str) -> list[tuple[str, str]]:
+    """(option as written, the release that introduced it) for the options of one entry that `release` lacks."""
+    have = release_key(release)
+    return [(o.written, SINCE[o.name]) for o in options(directive.strip())
+            if o.name in SINCE and release_key(SINCE[o.name]) > have]
+
+
+def node_count(hostlist: str) -> int | None:
+    """Hosts a SLURM hostlist names (`gpu[01-04,07],login1` = 6); None where it cannot be counted."""
+    total = 0
+    for part in re.findall(r"[^,\[]*(?:\[[^\]]*\][^,\[]*)*", hostlist):
+        if not part:
+            continue
+        n = 1
+        for ranges in re.findall(r"\[([^\]]*)\]", part):
+            size = 0
+            for r in ranges.split(","):
+                lo, _, hi = r.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    return None
+                size += int(hi) - int(lo) + 1 if hi else 1
+            n *= size
+        total += n
+    return total
+
+
+def nodelists(directive: str) -> Iterator[tuple[str, str]]:
+    """(option as written, its value) for each --nodelist / -w of one entry (-F/--nodefile names a file)."""
+    ws = words(directive.strip())
+    for i, w in enumerate(ws):
+        if w.startswith("--") and resolve_long(w[2:].split("=", 1)[0]) == "nodelist":
+            yield w, w.split("=", 1)[1] if "=" in w else (ws[i + 1] if i + 1 < len(ws) else "")
+        elif w.startswith("-w"):
+            yield w, w[2:] or (ws[i + 1] if i + 1 < len(ws) else "")

@@ -112,6 +112,7 @@ def command(v: str | list[str]) -> str | list[str]:
 
 Command = Annotated[str | list[str], AfterValidator(command)]
 GresType = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "a GRES type name (letters, digits, `_`, `.`, `-`)")]
+SlurmRelease = Annotated[str, _pattern(r"[0-9]{2}\.[0-9]{2}(\.[0-9]+)?", "a Slurm release such as `23.11` or `23.11.4`")]
 MemSize = Annotated[str, _pattern(r"[0-9]+[KMGTkmgt]?", "a size sbatch reads: a number of MB, or with a K/M/G/T "
                                   "suffix (`0` = all of the node's memory)")]
 Version = Annotated[str, _pattern(r"[0-9]+(?:\.[0-9]+){0,2}", "a version like `12.8`")]

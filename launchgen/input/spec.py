@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from launchgen.input import directives
+from launchgen.input import bounds, directives
 from launchgen.input.fields import (
     ENV_NAME_RE,
     JOB_NAME_RE,
@@ -23,6 +23,7 @@ from launchgen.input.fields import (
     MemSize,
     OneLine,
     SbatchValue,
+    SlurmRelease,
     Version,
     bind_address,
     one_line,
@@ -108,7 +109,13 @@ class SlurmSection(_Section):
         default="gres", description="How the cluster wants GPUs asked for: `--gres=gpu:N` or `--gpus-per-node=N`."
     )
     gpu_type: GresType | None = Field(default=None, description="GPU type in the request (`gpu:h100:8`).")
-    cpus_per_task: int | None = Field(default=None, ge=1, description="`--cpus-per-task` for each step's task. Unset with "
+    version: SlurmRelease | None = Field(
+        default=None,
+        description="The cluster's Slurm release (`sbatch --version`, e.g. `23.11`): `check` refuses "
+        "extra_directives options it lacks. Unset: `check --live` asks sbatch, else options newer than 22.05 are "
+        "warned about.",
+    )
+    cpus_per_task: int | None = Field(default=None, ge=1, le=bounds.MAX_CPUS_PER_TASK, description="`--cpus-per-task` for each step's task. Unset with "
                                         "`exclusive: false`: the most processes a node runs (its vLLM GPUs plus its "
                                         "trainer processes), so a shared node holds a CPU for each.")
     mem: MemSize | None = Field(default=None, description="`--mem` per node (e.g. `0` for all, `500G`).")
@@ -131,7 +138,7 @@ class SlurmSection(_Section):
         description="Seconds before the time limit at which SLURM sends USR2 (`--signal=B:USR2@N`); the trainer "
         "checkpoints and the job requeues itself. 0 disables.",
     )
-    max_restarts: int = Field(default=3, ge=0, description="Requeue at most this many times (SLURM_RESTART_COUNT).")
+    max_restarts: int = Field(default=3, ge=0, le=bounds.MAX_RESTARTS, description="Requeue at most this many times (SLURM_RESTART_COUNT).")
 
     @field_validator("time", mode="before")
     @classmethod
@@ -252,7 +259,7 @@ class VLLMSpec(_Section):
         "`colocate`: vLLM inside each trainer process, sharing its GPU.",
     )
     nodes: int = Field(
-        default=0, ge=0,
+        default=0, ge=0, le=bounds.MAX_NODES,
         description="Server mode: dedicated server nodes (placed after the trainer nodes). 0 = the server "
         "shares the first trainer node and uses `gpus`.",
     )
@@ -284,7 +291,7 @@ class VLLMSpec(_Section):
         default=False, description="With enable_expert_parallel: `--enable-eplb` (vLLM's expert load balancer).",
     )
     replicas: int = Field(
-        default=1, ge=1,
+        default=1, ge=1, le=bounds.MAX_REPLICA_COUNT,
         description="Server mode: independent `vllm serve` groups of tensor_parallel_size x data_parallel_size GPUs "
         "each, on their own GPUs (dedicated nodes split between them, or `gpus` cut into equal slices); ports are "
         "`port + k`, `group_port + k` for replica k. The trainer sends all samples of a prompt to one replica, "
@@ -297,7 +304,7 @@ class VLLMSpec(_Section):
         "the current weights before sending it prompts again. Off: a dead replica fails the job, as one server does.",
     )
     max_replica_restarts: int = Field(
-        default=3, ge=0, description="Restarts per replica with restart_replicas; one more death fails the job.",
+        default=3, ge=0, le=bounds.MAX_RESTARTS, description="Restarts per replica with restart_replicas; one more death fails the job.",
     )
     port: int = Field(default=ports.SERVER_HTTP_DEFAULT, description="HTTP port of the server.")
     group_port: int = Field(
@@ -330,7 +337,7 @@ class VLLMSpec(_Section):
     )
     enable_sleep_mode: bool = Field(default=False, description="Colocate: sleep (level 2) between generations.")
     health_timeout: int = Field(
-        default=900, ge=1, description="Seconds the job waits for the server's /health before stopping everything."
+        default=900, ge=1, le=bounds.MAX_HEALTH_TIMEOUT_S, description="Seconds the job waits for the server's /health before stopping everything."
     )
     extra_args: list[str] = Field(default_factory=list, description="Passed to `vllm serve` verbatim (each quoted).")
     executable: Command = Field(
@@ -413,7 +420,7 @@ class DistributedSection(_Section):
 
 
 class TrainSpec(_Section):
-    nodes: int = Field(default=1, ge=1, description="Trainer nodes (the first nodes of the allocation).")
+    nodes: int = Field(default=1, ge=1, le=bounds.MAX_NODES, description="Trainer nodes (the first nodes of the allocation).")
     gpus: list[int] | None = Field(
         default=None, description="GPU indices the trainer uses on each of its nodes; default: all not used by the server."
     )

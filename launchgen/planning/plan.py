@@ -82,7 +82,7 @@ from launchgen.planning.model import (
     _invariant,
     runtime_var_documented,
 )
-from launchgen.planning.replicas import ReplicaPlace
+from launchgen.planning.replicas import MAX_REPLICAS, ReplicaPlace
 from launchgen.planning.replicas import place as replica_places
 from launchgen.planning.reserved import is_reserved
 from launchgen.script import scriptvars as V
@@ -170,8 +170,10 @@ def resolve_ports(spec: Spec, lay: Layout | None = None) -> tuple[Port, ...]:
     ]
     if v is not None and v.mode == "server":
         places = replica_places(lay, v.replicas)
-        # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks
-        leaders = [p.positions[0] for p in places] if places else [server_pos[0]] * v.replicas
+        # a spec whose replicas do not fit (LG201/LG220) still gets every replica's ports for the port checks; of
+        # more replicas than LG222 allows only the first MAX_REPLICAS (the port checks compare ports pairwise)
+        count = min(v.replicas, MAX_REPLICAS)
+        leaders = [p.positions[0] for p in places[:count]] if places else [server_pos[0]] * count
         for k, leader in enumerate(leaders):
             sfx, of = ("", "") if k == 0 else (f"_R{k}", f" replica {k}")
             ports.append(Port("server_http", ports_rule.replica_port(v.port, k), V.LG_SERVER_PORT + sfx, leader,
@@ -200,9 +202,9 @@ def plan_cpus_per_node(gpus: GpuAssignment, trainer_ppn: int) -> int:
     Requested as --cpus-per-task (one task per node) when nodes are shared and slurm.cpus_per_task is unset:
     a shared job would otherwise hold one CPU per node for all of them.
     """
-    counts = [(len(gpus.server_gpus) if p in gpus.server_positions else 0)
-              + (trainer_ppn if p in gpus.trainer_positions else 0)
-              for p in {*gpus.server_positions, *gpus.trainer_positions}]
+    server, trainer = set(gpus.server_positions), set(gpus.trainer_positions)
+    counts = [(len(gpus.server_gpus) if p in server else 0) + (trainer_ppn if p in trainer else 0)
+              for p in server | trainer]
     return max([1, *counts])
 
 
@@ -283,8 +285,7 @@ def _assert_parallel_layout(lay: Layout) -> None:
 
 
 def _node_plan(lay: Layout, pos: int) -> NodePlan:
-    machine_rank = lay.trainer_positions.index(pos) if pos in lay.trainer_positions else None
-    server_rank = lay.server_positions.index(pos) if pos in lay.server_positions else None
+    machine_rank, server_rank = lay.machine_rank(pos), lay.server_rank(pos)
     roles: tuple[Role, ...] = (*(("server",) if server_rank is not None else ()),
                                *(("trainer",) if machine_rank is not None else ()))
     return NodePlan(pos, roles, lay.server_gpus if server_rank is not None else (),

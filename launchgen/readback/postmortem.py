@@ -262,7 +262,7 @@ def _stopped_roles(f: _Facts, roles: list[RoleOutcome]) -> list[RoleOutcome]:
     if not (f.job_end is not None or f.finished):
         return roles
     explicit = [r for r in roles if r.state not in (*_OPEN, "not_started", "pending")]
-    signals = [e for e in f.events if e.event == Seen.SIGNAL and e.signal in ("TERM", "INT", "KILL")]
+    signals = [e for e in f.events if e.event == Seen.SIGNAL and e.signal in ("TERM", "INT", "KILL", "HUP")]
     out = []
     for r in roles:
         if r.state in _OPEN and explicit:
@@ -271,14 +271,21 @@ def _stopped_roles(f: _Facts, roles: list[RoleOutcome]) -> list[RoleOutcome]:
                             ended_at=f.job_end.ts if f.job_end else None, log=r.log)
         elif r.state in _OPEN and signals:
             r = RoleOutcome(r.role, r.nodes, "stopped",
-                            f"stopped: the job received SIG{signals[0].signal} ({_why_signalled(f.info)})",
+                            f"stopped: the job received SIG{signals[0].signal} ({_why_signalled(f, signals[0].signal)})",
                             signal=signals[0].signal, ended_at=signals[0].ts, log=r.log)
         out.append(r)
     return out
 
 
-def _why_signalled(info: SchedulerInfo | None) -> str:
-    state = ((info.state or "").split() or [""])[0] if info else ""
+#: Who sends a `--bash` run each signal: no scheduler, so never scancel, a time limit or preemption.
+_LOCAL_SENDER = {"INT": "Ctrl-C", "TERM": "kill or a shutdown", "HUP": "the terminal closed",
+                 "KILL": "SIGKILL or the OOM killer; the watcher stopped the steps"}
+
+
+def _why_signalled(f: _Facts, signal: str | None) -> str:
+    if f.job_id == J.LOCAL_JOB_ID:
+        return _LOCAL_SENDER.get(signal or "", "sent to the script")
+    state = ((f.info.state or "").split() or [""])[0] if f.info else ""
     return {"TIMEOUT": "the time limit", "CANCELLED": "scancel"}.get(state, "scancel, the time limit or preemption")
 
 
@@ -316,7 +323,10 @@ def _event_notes(f: _Facts) -> list[str]:
                                 for c in codes.split(","))
             notes.append(f"preflight failed before any model loaded: {meaning} (logs/attempt-<N>/preflight-<node>.log)")
     for sig in (e for e in f.events if e.event == Seen.SIGNAL):
-        notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} ({_SIGNAL_MEANS.get(sig.signal or '', 'stopped everything')})")
+        means = _SIGNAL_MEANS.get(sig.signal or "", "stopped everything")
+        if f.job_id == J.LOCAL_JOB_ID and sig.signal == "TERM":  # no scheduler: nobody ran scancel
+            means = "kill or a shutdown: everything was stopped"
+        notes.append(f"received SIG{sig.signal or '?'} at {_fmt_ts(sig.ts)} ({means})")
     return notes
 
 

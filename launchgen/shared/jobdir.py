@@ -259,7 +259,7 @@ class Ev:
     PREFLIGHT = "preflight"
     HEALTH_TIMEOUT = "health_timeout"  # the words of server_failed: never healthy,
     HEALTH_LOST = "health_lost"  # or healthy once, then silent for the supervisor's bound,
-    UNHEALTHY = "unhealthy"  # or healthy once, then answering /health with an error status (a dead engine)
+    UNHEALTHY = "unhealthy"  # or healthy once, then an error status from /health, then errors, refusals or silence
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Stdlib and the spec models only (the trainers import `tp_divides`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -142,21 +143,39 @@ class Layout:
         """DP ranks of one replica on several nodes: vLLM's DP coordinator port (`--data-parallel-rpc-port`) too."""
         return self.multi_node and self.data_parallel_size > 1
 
+    # position -> index, built once: `tuple.index` for every node made check/plan/render quadratic in nodes
+    @cached_property
+    def _trainer_index(self) -> dict[int, int]:
+        return {p: i for i, p in enumerate(self.trainer_positions)}
+
+    @cached_property
+    def _server_index(self) -> dict[int, int]:
+        return {p: i for i, p in enumerate(self.server_positions)}
+
+    def machine_rank(self, position: int) -> int | None:
+        """The trainer machine rank of node `position` (None: no trainer there)."""
+        return self._trainer_index.get(position)
+
+    def server_rank(self, position: int) -> int | None:
+        """The index of node `position` among the server nodes (None: no server there)."""
+        return self._server_index.get(position)
+
     def slots(self, position: int) -> tuple[GpuSlot, ...]:
         """The GPU slots of node `position`, sorted by GPU; ranks follow the GPU lists' order."""
         tp = max(self.tensor_parallel_size, 1)
         out: list[GpuSlot] = []
-        if position in self.server_positions:
-            k = self.server_positions.index(position)
+        k = self.server_rank(position)
+        if k is not None:
             size = max(self.replica_size, 1)
             for j, gpu in enumerate(self.server_gpus):
                 g = k * len(self.server_gpus) + j
                 w = g % size  # worker index within its replica
                 out.append(GpuSlot(gpu, "server", j, w, w % tp, w // tp, g // size))
-        if position in self.trainer_positions:
-            m = self.trainer_positions.index(position)
+        m = self.machine_rank(position)
+        if m is not None:
+            ppn = self.processes_per_node
             for j, gpu in enumerate(self.trainer_gpus):
-                r = m * self.processes_per_node + j
+                r = m * ppn + j
                 ranks = (r % tp, r // tp) if self.mode == "colocate" else (None, None)
                 out.append(GpuSlot(gpu, "trainer", j, r, *ranks))
         return tuple(sorted(out, key=lambda s: s.gpu))

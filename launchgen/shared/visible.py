@@ -25,3 +25,21 @@ def _escape(m: re.Match[str]) -> str:
 def visible(text: str) -> str:
     """`text` with every terminal-controlling character written as an escape (`\\x1b`, `\\n`, `\\u202e`)."""
     return _UNSAFE.sub(_escape, text)
+
+
+#: ECMA-48 sequences a program writes into its log: CSI (colours, cursor moves: ESC [ or C1 0x9b, parameters, a final
+#: byte), the string controls OSC/DCS/SOS/PM/APC (terminal title, OSC 52 clipboard writes, hyperlinks: ESC ] P X
+#: ^ _ or their C1 forms, up to BEL or ST, or to the end of the line when unterminated) and two-byte escapes.
+_SEQUENCE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+                       r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                       r"|\x1b[ -/]*[0-~]?")
+
+
+def log_line(line: str) -> str:
+    """One line of a log as the terminal would end up showing it, with nothing left that drives the terminal:
+    escape sequences removed (a colour is lost, a title or clipboard write never happens), a progress bar's
+    carriage returns resolved to the last text written, any other control character made visible."""
+    text = _SEQUENCE.sub("", line)
+    if "\r" in text:
+        text = next((part for part in reversed(text.split("\r")) if part), "")
+    return visible(text)

@@ -82,7 +82,7 @@ _VALUES = {
 _FLAGS = ["contiguous", "exclusive", "hold", "no-kill", "no-requeue", "overcommit", "oversubscribe", "parsable",
           "requeue", "spread-job", "use-min-nodes", "wait", "reboot", "ignore-pbs"]
 #: options of newer Slurm releases that 22.05 lacks (they make some prefixes ambiguous only there)
-_NEWER = ("container-id", "segment", "spread-segments", "stepmgr", "oom-kill-step", "tres-bind", "tres-per-task")
+_NEWER = tuple(directives.SINCE)
 _SHORT_FOR = {long: short for short, long in directives.SHORT_OPTIONS.items()}
 
 
@@ -136,3 +136,37 @@ def test_parser_agrees_with_sbatch(cluster: Cluster, tmp_path_factory: pytest.Te
     else:
         with pytest.raises(directives.DirectiveError):
             directives.validate(directive)
+
+
+@pytest.mark.parametrize(("directive", "canonical"), [("--tasks-per-node=2", "--ntasks-per-node=2"),
+                                                      ("--ntasks-per-tres=1", "--ntasks-per-gpu=1")])
+def test_synonyms_of_reserved_options_are_refused_and_sbatch_reads_them_as_those(
+        cluster: Cluster, tmp_path: Path, directive: str, canonical: str) -> None:
+    """Issue 37: spellings sbatch documents nowhere but reads as a reserved option: the same listing, or the same
+    refusal (--ntasks-per-gpu without GPUs is refused naming --ntasks-per-tres, the field both set)."""
+    with pytest.raises(directives.DirectiveError, match="is refused"):
+        directives.validate(directive)
+
+    def errors(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("sbatch: error:")]
+
+    names, err, refused = _sbatch(tmp_path, directive)
+    _names, canonical_err, canonical_refused = _sbatch(tmp_path, canonical)
+    assert refused == canonical_refused and errors(err) == errors(canonical_err), (err, canonical_err)
+    assert canonical[2:].split("=")[0] in names or errors(err), err
+
+
+def _release() -> str:
+    return subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+# `--extra` is left out: on a release before 23.02 getopt reads it as a prefix of --extra-node-info (-B)
+@pytest.mark.parametrize("name", sorted(set(directives.SINCE) - {"extra"}))
+def test_the_release_table_agrees_with_this_clusters_sbatch(cluster: Cluster, tmp_path: Path, name: str) -> None:
+    """Each option the table dates after this cluster's release is refused by its sbatch as unrecognized, each
+    older one is not (22.05.8 here: --tres-per-task, --tres-bind, --segment, ... are 'unrecognized option')."""
+    written = f"--{name}" if directives.LONG_OPTIONS[name] == "none" else f"--{name}=x"
+    release = _release()
+    _names, err, _refused = _sbatch(tmp_path, written)
+    newer = bool(directives.newer_than(written, release))
+    assert ("unrecognized option" in err) == newer, (name, release, err)

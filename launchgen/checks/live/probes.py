@@ -30,6 +30,7 @@ from launchgen.checks.spec.kernels import (
     split_kernel,
 )
 from launchgen.checks.spec.ports import PORT_NAMES, port_uses
+from launchgen.input import directives
 from launchgen.input.loader import LoadedSpec
 from launchgen.input.spec import parse_time_limit
 from launchgen.planning.hfcache import kernel_in_cache, model_in_cache
@@ -315,6 +316,28 @@ def probe_containers(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
     yield from probe_runtimes(ctx, run, shutil.which)
 
 
+# --- sbatch's release ------------------------------------------------------------------------------------
+
+
+def probe_sbatch_release(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
+    """LG813 against this cluster's own sbatch (`sbatch --version`): an extra directive its release lacks makes it
+    refuse the whole script. Where the spec names the release (slurm.version) the spec check judged already."""
+    if ctx.spec.slurm.version is not None or not ctx.spec.slurm.extra_directives:
+        return
+    try:
+        res = runner(["sbatch", "--version"], PROBE_TIMEOUT)
+        release = res.stdout.strip()
+        directives.release_key(release)
+    except (ProbeSkipped, ValueError) as exc:
+        yield _skip("the sbatch release probe", str(exc) or "sbatch --version said no release")
+        return
+    for i, d in enumerate(ctx.spec.slurm.extra_directives):
+        for written, since in directives.newer_than(d, release):
+            yield ctx.issue("LG813", f"slurm.extra_directives.{i}",
+                            f"{written} came with Slurm {since}; this cluster's sbatch ({release}) refuses the script "
+                            "with `unrecognized option`", severity="error")
+
+
 # --- entry point ------------------------------------------------------------------------------------------
 
 
@@ -332,5 +355,6 @@ def live_checks(loaded: LoadedSpec, *, runner: Runner = run_command, env: Mappin
     issues.extend(probe_offline(ctx))
     issues.extend(probe_setup(ctx))
     issues.extend(probe_containers(ctx, runner))
+    issues.extend(probe_sbatch_release(ctx, runner))
     return [i.located(i.file or loaded.path, i.line if i.line is not None else loaded.line_of(i.path) if i.path
                       else None) for i in issues]

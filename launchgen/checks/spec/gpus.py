@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
+from launchgen.input.bounds import MAX_NODES
 from launchgen.shared.issues import Issue
 
 # === LG1xx GPUs and topology ===============================================================================
@@ -113,6 +114,19 @@ def idle_server_node_gpus(ctx: Ctx) -> Iterator[Issue]:
         yield ctx.issue("LG107", "vllm.gpus",
                         f"GPU(s) {_ranges(idle)} of {where} are used by no role (vllm.gpus uses "
                         f"{len(set(ctx.server_gpus))} of its {n}; the job holds the whole node)")
+
+
+_doc("LG108", "error", f"train.nodes + vllm.nodes is more than {MAX_NODES:,} nodes, the most one job plans.",
+     "Use fewer nodes (no real allocation comes near it; launchgen.input.bounds).")
+
+
+@check("LG108")
+def job_nodes_bounded(ctx: Ctx) -> Iterator[Issue]:
+    """Each count is bounded by the schema (LG004); their sum here, where both are known."""
+    n = ctx.layout.num_nodes
+    if n > MAX_NODES:
+        yield ctx.issue("LG108", "vllm.nodes", f"train.nodes {ctx.spec.train.nodes:,} + vllm.nodes "
+                        f"{n - ctx.spec.train.nodes:,} = {n:,} nodes; at most {MAX_NODES:,}")
 
 
 def _ranges(gpus: list[int]) -> str:

@@ -6,8 +6,10 @@
   config.json is local (a directory or the Hub cache): a job that waits the whole queue time and then kills a
   server that was still loading.
 
-* LG809: a `slurm.extra_directives` option sbatch does not know (22.05-24.11): sbatch refuses the script at
+* LG809: a `slurm.extra_directives` option sbatch does not know (20.11-25.11): sbatch refuses the script at
   submission (`unrecognized option`), typically a typo (`--constrain=`) or an srun-only option.
+* LG813: an option newer than the cluster's Slurm (`slurm.version`; unset, newer than 22.05: a warning).
+* LG814: `--nodelist` / `-w` naming more or fewer nodes than the plan asks for.
 
 Registered with `launchgen.checks.registry.check` like every check.
 """
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from launchgen.checks.context import Ctx
 from launchgen.checks.registry import _doc, check
 from launchgen.input import directives
+from launchgen.planning.hetjob import is_hetjob
 from launchgen.planning.hfcache import ModelConfig
 from launchgen.shared.issues import Issue, SpecError
 from launchgen.shared.modelshape import ModelShape
@@ -41,7 +44,7 @@ BYTES_PER_PARAM = 2  # bf16/fp16 weights
 _doc("LG620", "warning", "slurm.gpu_type is a pre-Ampere GPU (V100, T4, P100, ...) but the trainer uses bf16, "
      "which needs compute capability 8.0.",
      "Set train.precision: fp16 (or fp32) for these GPUs, or request Ampere or newer (A100, H100, L40S, ...).")
-_doc("LG809", "warning", "slurm.extra_directives has an option sbatch (Slurm 22.05-24.11) does not know; sbatch "
+_doc("LG809", "warning", "slurm.extra_directives has an option sbatch (Slurm 20.11-25.11) does not know; sbatch "
      "refuses the whole script for it.",
      "Fix the spelling (`sbatch --help` lists the options; a unique prefix is enough), drop srun-only options, or "
      "ignore this where your Slurm is newer and has the option.")
@@ -132,5 +135,46 @@ def extra_directives_known(ctx: Ctx) -> Iterator[Issue]:
     for i, d in enumerate(ctx.spec.slurm.extra_directives):
         for written in directives.unknown(d):
             yield ctx.issue("LG809", f"slurm.extra_directives.{i}",
-                            f"{written} in {d!r} is not an sbatch option (Slurm 22.05-24.11): sbatch would refuse "
+                            f"{written} in {d!r} is not an sbatch option (Slurm 20.11-25.11): sbatch would refuse "
                             "the script with `unrecognized option`")
+
+
+_doc("LG813", "error", "slurm.extra_directives has an option newer than the cluster's Slurm (slurm.version); its "
+     "sbatch refuses the whole script (`unrecognized option`); `check --live` asks this cluster's sbatch "
+     f"(`sbatch --version`). A warning where neither says and the option is newer than "
+     f"{directives.ASSUMED_RELEASE}.",
+     "Drop the option, or set slurm.version to the cluster's release (`sbatch --version`) if it has it.")
+
+
+@check("LG813")
+def extra_directives_in_release(ctx: Ctx) -> Iterator[Issue]:
+    release = ctx.spec.slurm.version
+    for i, d in enumerate(ctx.spec.slurm.extra_directives):
+        for written, since in directives.newer_than(d, release or directives.ASSUMED_RELEASE):
+            if release is not None:
+                yield ctx.issue("LG813", f"slurm.extra_directives.{i}",
+                                f"{written} came with Slurm {since}; sbatch {release} (slurm.version) refuses the "
+                                "script with `unrecognized option`")
+            else:
+                yield ctx.issue("LG813", f"slurm.extra_directives.{i}",
+                                f"{written} came with Slurm {since}; an older sbatch (this cluster's, if before "
+                                f"{since}) refuses the script: set slurm.version to say which release runs here",
+                                severity="warning")
+
+
+_doc("LG814", "error", "slurm.extra_directives names a --nodelist (-w) of more or fewer nodes than the plan asks "
+     "for; sbatch refuses the job, or the plan's node positions miss the named nodes.",
+     "Name exactly train.nodes + vllm.nodes hosts, or drop the option (`--constraint` or `--exclude` choose "
+     "nodes without fixing their count).")
+
+
+@check("LG814")
+def nodelist_matches_the_plan(ctx: Ctx) -> Iterator[Issue]:
+    # a heterogeneous job's #SBATCH lines before `hetjob` are its first component: the trainer nodes
+    want = len(ctx.layout.trainer_positions) if is_hetjob(ctx.spec) else ctx.layout.num_nodes
+    for i, d in enumerate(ctx.spec.slurm.extra_directives):
+        for written, hosts in directives.nodelists(d):
+            n = directives.node_count(hosts)
+            if n is not None and n != want:
+                yield ctx.issue("LG814", f"slurm.extra_directives.{i}",
+                                f"{written} names {n} node(s); the plan asks for {want} (train.nodes + vllm.nodes)")
