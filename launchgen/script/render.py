@@ -180,7 +180,7 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
     }
     files.update(render_steps(plan, scheduler))
     if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3
-        files["steps/preflight.py"] = allocprobe.source()
+        files.update(allocprobe.sources())
         files["steps/preflight.json"] = preflightfacts.facts_json(plan)
     return files
 

