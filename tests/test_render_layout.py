@@ -28,7 +28,7 @@ def test_the_request_comes_before_the_machinery(name: str, sched: str) -> None:
         commands += [words(c.argv) for r in plan.server.replicas for c in r.commands]
     for command in commands:
         assert command in request and command not in machinery
-    for name_ in ("launchgen-plan.static.json", "steps/preflight.py", "steps/lib.sh", "steps/signal.sh"):
+    for name_ in ("launchgen-plan.static.json", "steps/preflight.py", "steps/vllmprobe.py", "steps/lib.sh", "steps/signal.sh"):
         assert f'"$LG_JOB_DIR"/{name_} ' not in request
     # the machinery writes the request's files where it wrote them before: after keeping a used directory's records
     assert machinery.index("\nlg_write_request\n") > machinery.index("lg_keep_records \"$LG_JOB_DIR\"")
