@@ -22,6 +22,7 @@ from launchgen.readback.jobfiles import ServerRank, read_server_ranks
 from launchgen.shared import jobdir as J
 
 L = J.DEFAULT_LAYOUT
+T = "2026-12-06T09:00:02Z"  # the time stamp of the step's own lines (lg_log)
 START = ("2026-12-06T09:00:00Z start job=local attempt=0\n"
          "2026-12-06T09:00:01Z server_start nodes=node1 node2\n"
          "2026-12-06T09:00:01Z trainer_start nodes=node3\n")
@@ -41,11 +42,11 @@ def _two_rank_job(tmp_path: Path, end: bool = True) -> Path:
     for rank, node, pid in ((0, "node1", 4100), (1, "node2", 4200)):
         J.server_rank_file(pids, "server", rank, "node").write_text(f"{node}\n")
         J.server_rank_file(pids, "server", rank, "pid").write_text(f"{pid}\n")
-        (d / L.role_log("server", 0, node)).write_text(f"server rank {rank} on {node} (10.0.0.{rank + 1})\n")
+        (d / L.role_log("server", 0, node)).write_text(f"{T} launchgen: server rank {rank} on {node} (10.0.0.{rank + 1})\n")
     if end:
         J.server_rank_file(pids, "server", 1, "exit").write_text("137\n")
         with (d / L.role_log("server", 0, "node2")).open("a") as fh:
-            fh.write("server rank 1: vllm exited with status 137\n")
+            fh.write(f"{T} launchgen: server rank 1: vllm exited with status 137\n")
     (d / L.role_log("trainer", 0, "node3")).write_text("step 1\n")
     return d
 
@@ -67,7 +68,7 @@ def test_logs_of_a_rank_is_its_nodes_log(tmp_path: Path) -> None:
     d = _two_rank_job(tmp_path)
     r = _logs(d, "--rank", "1", "-n", "1")
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines() == ["server rank 1: vllm exited with status 137"], r.stdout
+    assert r.stdout.splitlines() == [f"{T} launchgen: server rank 1: vllm exited with status 137"], r.stdout
     assert "server rank 1 on node2" in r.stderr and "server-node2.log" in r.stderr, r.stderr
     r = _logs(d, "--rank", "0", "--path-only")
     assert r.exit_code == 0 and r.stdout.strip() == str(d / L.role_log("server", 0, "node1")), r.output
@@ -119,7 +120,7 @@ def test_follow_a_rank_until_the_job_ends(tmp_path: Path) -> None:
     finally:
         p.kill()
     assert p.returncode == 0, err
-    assert out.splitlines() == ["server rank 1 on node2 (10.0.0.2)", "rank 1 joined"], out
+    assert out.splitlines() == [f"{T} launchgen: server rank 1 on node2 (10.0.0.2)", "rank 1 joined"], out
     assert "the job is over" in err
 
 
