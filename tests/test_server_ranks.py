@@ -30,16 +30,18 @@ END = ("2026-12-06T09:01:00Z server_failed exit=137 rank=1 node=node2\n"
        "2026-12-06T09:01:05Z trainer_exit status=1\n2026-12-06T09:01:05Z exit status=1\n")
 
 
-def _two_rank_job(tmp_path: Path, end: bool = True) -> Path:
+def _two_rank_job(tmp_path: Path, end: bool = True, started: int = 2) -> Path:
+    """`started`: how many ranks' steps reached their node (recorded it and began their log)."""
     d = tmp_path / "launchgen-runs" / "local"
     (d / L.events_log.format(attempt=0)).parent.mkdir(parents=True)
     (d / L.plan_json).write_text(json.dumps({"scheduler": "bash", "job_id": "local", "nodes": [
         {"name": n, "position": i, "roles": [r]} for i, (n, r) in
-        enumerate((("node1", "server"), ("node2", "server"), ("node3", "trainer")))]}))
+        enumerate((("node1", "server"), ("node2", "server"), ("node3", "trainer")))],
+        "server": {"replicas": [{"index": 0, "positions": [0, 1], "gpus": [0]}]}}))
     (d / L.events_log.format(attempt=0)).write_text(START + (END if end else ""))
     pids = d / L.pid_dir.format(attempt=0)
     pids.mkdir(parents=True)
-    for rank, node, pid in ((0, "node1", 4100), (1, "node2", 4200)):
+    for rank, node, pid in ((0, "node1", 4100), (1, "node2", 4200))[:started]:
         J.server_rank_file(pids, "server", rank, "node").write_text(f"{node}\n")
         J.server_rank_file(pids, "server", rank, "pid").write_text(f"{pid}\n")
         (d / L.role_log("server", 0, node)).write_text(f"{T} launchgen: server rank {rank} on {node} (10.0.0.{rank + 1})\n")
@@ -94,6 +96,9 @@ def test_a_one_node_server_is_rank_0(tmp_path: Path) -> None:
     for f in (d / L.pid_dir.format(attempt=0)).iterdir():
         f.unlink()
     (d / L.role_log("server", 0, "node2")).unlink()
+    plan = json.loads((d / L.plan_json).read_text())
+    plan["server"]["replicas"][0]["positions"] = [0]
+    (d / L.plan_json).write_text(json.dumps(plan))
     r = _logs(d, "--rank", "0", "--path-only")
     assert r.exit_code == 0 and r.stdout.strip().endswith("server-node1.log"), r.output
     r = _logs(d, "--rank", "1")
@@ -101,8 +106,9 @@ def test_a_one_node_server_is_rank_0(tmp_path: Path) -> None:
 
 
 def test_follow_a_rank_until_the_job_ends(tmp_path: Path) -> None:
-    """The real CLI in a subprocess, as test_status's follow test: rank 1's log is followed, rank 0's is not."""
-    d = _two_rank_job(tmp_path, end=False)
+    """The real CLI in a subprocess, as test_status's follow test: rank 1, which the plan has but whose step has
+    not reached its node yet, is waited for; then its log is followed, rank 0's is not."""
+    d = _two_rank_job(tmp_path, end=False, started=1)
     p = subprocess.Popen([sys.executable, "-c", "from launchgen.cli import main; main()", "logs", "local",
                           "--job-dir", str(d), "--role", "server", "--rank", "1", "-n", "1", "-f"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
@@ -111,8 +117,8 @@ def test_follow_a_rank_until_the_job_ends(tmp_path: Path) -> None:
         assert p.poll() is None, p.communicate()
         with (d / L.role_log("server", 0, "node1")).open("a") as fh:
             fh.write("rank 0: not this one\n")
-        with (d / L.role_log("server", 0, "node2")).open("a") as fh:
-            fh.write("rank 1 joined\n")
+        J.server_rank_file(d / L.pid_dir.format(attempt=0), "server", 1, "node").write_text("node2\n")
+        (d / L.role_log("server", 0, "node2")).write_text(f"{T} launchgen: server rank 1 on node2\nrank 1 joined\n")
         time.sleep(1.0)
         with (d / L.events_log.format(attempt=0)).open("a") as fh:
             fh.write(END)
@@ -120,7 +126,7 @@ def test_follow_a_rank_until_the_job_ends(tmp_path: Path) -> None:
     finally:
         p.kill()
     assert p.returncode == 0, err
-    assert out.splitlines() == [f"{T} launchgen: server rank 1 on node2 (10.0.0.2)", "rank 1 joined"], out
+    assert out.splitlines() == [f"{T} launchgen: server rank 1 on node2", "rank 1 joined"], out
     assert "the job is over" in err
 
 
@@ -130,3 +136,9 @@ def test_report_names_each_rank_and_its_exit(tmp_path: Path) -> None:
     assert "attempt 0 · server · node1 · rank 0" in names, names
     assert "attempt 0 · server · node2 · rank 1, exit 137" in names, names
     assert "attempt 0 · trainer · node3" in names, names
+
+
+def test_following_a_rank_the_plan_lacks_is_refused_at_once(tmp_path: Path) -> None:
+    r = _logs(_two_rank_job(tmp_path, end=False), "--rank", "2", "-f")
+    assert r.exit_code == 2 and "ranks in attempt 0 are 0 (node1), 1 (node2)" in r.stderr, r.output
+

@@ -6,7 +6,15 @@ import click
 
 from launchgen.cli.errors import fail
 from launchgen.readback.follow import Target, follow
-from launchgen.readback.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
+from launchgen.readback.status import (
+    BATCH_ROLE,
+    ROLES,
+    StatusError,
+    collect,
+    planned_server_ranks,
+    select_log,
+    tail,
+)
 from launchgen.shared.visible import log_line
 
 
@@ -68,7 +76,9 @@ def _target(job_id: str, job_dir: str | None, role: str, node: str | None, rank:
     try:
         return Target(select_log(st, role, node, attempt, rank).path, st.over)
     except StatusError:
-        if first and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
+        # a planned rank of a running job that has not recorded its node (or written its log) yet is waited for
+        waits = rank is not None and not st.over and rank < planned_server_ranks(st)
+        if first and not waits and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
             raise
         return Target(None, st.over)
 

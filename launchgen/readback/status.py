@@ -14,6 +14,7 @@ node.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from launchgen.readback.slurmquery import parse_sacct as parse_sacct
 from launchgen.readback.slurmquery import parse_scontrol_oneliner as parse_scontrol_oneliner
 from launchgen.readback.slurmquery import query_sacct, query_scontrol, run_command
 from launchgen.readback.slurmquery import scheduler_info_from_scontrol as scheduler_info_from_scontrol
+from launchgen.shared import jobdir as J
 from launchgen.shared.jobdir import DEFAULT_LAYOUT
 from launchgen.shared.jobdir import LOCAL_JOB_ID as LOCAL_JOB_ID
 from launchgen.shared.jobdir import ROLES as ROLES
@@ -102,6 +104,15 @@ def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None, 
     raise StatusError(f"--node {node}: {role} ran on {', '.join(lg.node for lg in cands)} in attempt {want}")
 
 
+def planned_server_ranks(st: JobStatus) -> int:
+    """The ranks of the first server replica in the job's run record: its nodes (1 where it has no record)."""
+    try:
+        record = J.RunRecord.from_json(json.loads(Path(st.plan_file or "").read_text()))
+        return max(1, len(record.plan["server"]["replicas"][0]["positions"]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return 1
+
+
 def _rank_log(st: JobStatus, role: str, rank: int, attempt: int, cands: list[RoleLog]) -> RoleLog:
     """The log of the first replica's server rank `rank`: its node from the attempt's rank files (a server
     on one node records none, and is rank 0)."""
@@ -109,7 +120,7 @@ def _rank_log(st: JobStatus, role: str, rank: int, attempt: int, cands: list[Rol
     if role != "server":
         raise StatusError(f"--rank {rank}: only the server has ranks (use --node for the {role})")
     ranks = [r for r in read_server_ranks(Path(st.job_dir), attempt) if r.role == role] if st.job_dir else []
-    if not ranks:
+    if not ranks and planned_server_ranks(st) == 1:
         if rank == 0 and first:
             return first[0]
         raise StatusError(f"--rank {rank}: the server ran on one node in attempt {attempt}: it has rank 0 only")
@@ -119,6 +130,6 @@ def _rank_log(st: JobStatus, role: str, rank: int, attempt: int, cands: list[Rol
         raise StatusError(f"--rank {rank}: the server's ranks in attempt {attempt} are {known or 'none yet'}")
     log = next((lg for lg in first if lg.node == mine.node), None)
     if log is None:
-        raise StatusError(f"--rank {rank} ran on {mine.node}, but its log is not there: "
+        raise StatusError(f"--rank {rank}: it ran on {mine.node}, but its log is not there: "
                           f"{st.job_dir}/{DEFAULT_LAYOUT.role_log(role, attempt, mine.node)}")
     return log
