@@ -130,6 +130,11 @@ SPEC = st.fixed_dictionaries(
                 "partition": TEXT, "account": TEXT, "qos": TEXT, "gpu_type": TEXT,
                 "tensor_parallel_size": mostly(4, st.integers(0, 9)),
                 "data_parallel_size": st.integers(1, 4), "port": PORT, "group_port": PORT, "dp_rpc_port": PORT,
+                # the multi-node server (issue 34): PP, expert parallel, its options, the engine's master port
+                "pipeline_parallel_size": mostly(1, st.one_of(st.integers(0, 9), st.just(10**21))),
+                "enable_expert_parallel": st.booleans(), "enable_eplb": st.booleans(),
+                "all2all_backend": st.one_of(st.sampled_from(["naive", "pplx", "deepep_low_latency"]), TEXT),
+                "master_port": PORT,
                 "bind": st.sampled_from(["node", "0.0.0.0", "10.0.0.1", "bad host"]),
                 "max_model_len": st.integers(1, 10**5),
                 "health_timeout": st.one_of(st.integers(0, 3600), st.just(10**21)),
