@@ -6,7 +6,15 @@ import click
 
 from launchgen.cli.errors import fail
 from launchgen.readback.follow import Target, follow
-from launchgen.readback.status import BATCH_ROLE, ROLES, StatusError, collect, select_log, tail
+from launchgen.readback.status import (
+    BATCH_ROLE,
+    ROLES,
+    StatusError,
+    collect,
+    planned_server_ranks,
+    select_log,
+    tail,
+)
 from launchgen.shared.visible import log_line
 
 
@@ -15,6 +23,9 @@ from launchgen.shared.visible import log_line
 @click.option("--role", type=click.Choice([*ROLES, BATCH_ROLE]), required=True,
               help=f"A step's log, or {BATCH_ROLE}: the batch script's own output (sbatch --output).")
 @click.option("--node", default=None, help="Node name (e.g. node2) or position among the role's nodes (0, 1, ...).")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="--role server: rank K of a server over several nodes (its node's log); a one-node server "
+              "is rank 0.")
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Attempt number; default: the latest.")
 @click.option("-n", "--lines", type=click.IntRange(min=0), default=50, show_default=True, help="0 prints the whole log.")
 @click.option("--job-dir", type=click.Path(file_okay=False), default=None,
@@ -23,8 +34,8 @@ from launchgen.shared.visible import log_line
 @click.option("-f", "--follow", "follow_", is_flag=True,
               help="Keep printing what is appended until the job is over (a requeued job's next attempt is "
               "followed too, unless --attempt is given); Ctrl-C stops.")
-def command(job_id: str, role: str, node: str | None, attempt: int | None, lines: int, job_dir: str | None,
-            path_only: bool, follow_: bool) -> None:
+def command(job_id: str, role: str, node: str | None, rank: int | None, attempt: int | None, lines: int,
+            job_dir: str | None, path_only: bool, follow_: bool) -> None:
     """Print the last lines of a role's log (one file per role, node and attempt).
 
     Examples:
@@ -35,45 +46,53 @@ def command(job_id: str, role: str, node: str | None, attempt: int | None, lines
 
       launchgen logs 1234 --role trainer -f          # follow while it runs
 
+      launchgen logs 1234 --role server --rank 1 -f  # a multi-node server's rank 1
+
       launchgen logs local --role trainer -f         # a `render --bash` run, from its job directory
     """
+    if rank is not None and (node is not None or role != "server"):
+        fail(f"--rank {rank}: a server rank, so with --role server and without --node")
     if follow_ and not path_only:
-        _follow(job_id, job_dir, role, node, attempt, lines)
+        _follow(job_id, job_dir, role, node, rank, attempt, lines)
         return
     try:
         st = collect(job_id, job_dir, lines=0)
-        lg = select_log(st, role, node, attempt)
+        lg = select_log(st, role, node, attempt, rank)
     except StatusError as e:
         fail(str(e))
     if path_only:
         click.echo(lg.path)
         return
-    click.echo(f"==> {lg.path} (attempt {lg.attempt}, {lg.role} on {lg.node}) <==", err=True)
+    who = lg.role if rank is None else f"{lg.role} rank {rank}"
+    click.echo(f"==> {lg.path} (attempt {lg.attempt}, {who} on {lg.node}) <==", err=True)
     for line in tail(lg.path, lines):
         click.echo(log_line(line))
 
 
-def _target(job_id: str, job_dir: str | None, role: str, node: str | None, attempt: int | None,
-            first: bool) -> Target:
+def _target(job_id: str, job_dir: str | None, role: str, node: str | None, rank: int | None,
+            attempt: int | None, first: bool) -> Target:
     """The log to follow now; None while the role has no log yet (an error then only if the job is over)."""
     st = collect(job_id, job_dir, lines=0)
     try:
-        return Target(select_log(st, role, node, attempt).path, st.over)
+        return Target(select_log(st, role, node, attempt, rank).path, st.over)
     except StatusError:
-        if first and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
+        # a planned rank of a running job that has not recorded its node (or written its log) yet is waited for
+        waits = rank is not None and not st.over and rank < planned_server_ranks(st)
+        if first and not waits and (st.over or any(lg.role == role for lg in st.logs) or role == BATCH_ROLE):
             raise
         return Target(None, st.over)
 
 
-def _follow(job_id: str, job_dir: str | None, role: str, node: str | None, attempt: int | None, lines: int) -> None:
+def _follow(job_id: str, job_dir: str | None, role: str, node: str | None, rank: int | None, attempt: int | None,
+            lines: int) -> None:
     try:
-        first = _target(job_id, job_dir, role, node, attempt, first=True)
+        first = _target(job_id, job_dir, role, node, rank, attempt, first=True)
     except StatusError as e:
         fail(str(e))
 
     def state() -> Target:
         try:
-            return _target(job_id, job_dir, role, node, attempt, first=False)
+            return _target(job_id, job_dir, role, node, rank, attempt, first=False)
         except StatusError:
             return Target(None, True)
 

@@ -164,6 +164,27 @@ def find_logs(job_dir: Path) -> list[RoleLog]:
     return logs
 
 
+@dataclass(frozen=True)
+class ServerRank:
+    """One rank of a server replica over several nodes, from its `<role>.rank<K>.*` files of one attempt."""
+
+    role: str  # server, server-r<k>
+    rank: int
+    node: str | None  # None: no `.node` file (the rank's step never reached its node)
+    exit_code: int | None  # None: still running, or killed before it could write `.exit`
+
+
+def read_server_ranks(job_dir: Path, attempt: int) -> list[ServerRank]:
+    """Every rank an attempt's pid directory records, by role then rank; empty for a one-node server."""
+    pid_dir = job_dir / J.DEFAULT_LAYOUT.pid_dir.format(attempt=attempt)
+    found: dict[tuple[str, int], dict[str, str]] = {}
+    for f in sorted(pid_dir.iterdir()) if pid_dir.is_dir() else []:
+        if (rf := J.server_rank_file_of(f.name)) and f.is_file():
+            found.setdefault(rf[:2], {})[rf[2]] = f.read_text(errors="replace").strip()
+    return [ServerRank(role, rank, files.get("node") or None, _as_int(files.get("exit")))
+            for (role, rank), files in sorted(found.items())]
+
+
 def last_lines_start(fh: BinaryIO, lines: int) -> int:
     """Byte offset where the last `lines` lines of an open binary file begin (0 for `lines` <= 0 or fewer lines),
     read from the end in blocks so huge logs stay cheap. A final newline ends a line, it starts none."""

@@ -44,10 +44,13 @@ class Lane:
     how: str  # how the lane ended, in postmortem's words ("" while unknown)
     marks: list[Mark] = field(default_factory=list)
     first_to_end: bool = False
+    #: a server over several nodes: this node's rank and how its vllm ended ("rank 1, exit 137"; "" otherwise)
+    rank: str = ""
 
     @property
     def name(self) -> str:
-        return f"attempt {self.attempt} · {self.role}" + (f" · {self.node}" if self.node else "")
+        return (f"attempt {self.attempt} · {self.role}" + (f" · {self.node}" if self.node else "")
+                + (f" · {self.rank}" if self.rank else ""))
 
 
 @dataclass
@@ -206,6 +209,15 @@ def _attempt_lanes(attempt: int, events: list[Event], logs: list[F.RoleLog],
     return lanes
 
 
+def _rank_lanes(lanes: list[Lane], ranks: list[F.ServerRank]) -> list[Lane]:
+    """Name each server lane of a replica over several nodes by its node's rank and that rank's exit status."""
+    for r in ranks:
+        for lane in lanes:
+            if lane.role == r.role and lane.node == r.node:
+                lane.rank = f"rank {r.rank}" + (f", exit {r.exit_code}" if r.exit_code is not None else "")
+    return lanes
+
+
 def _step_text(m: MetricsRecord) -> str:
     parts = [f"step {m.step}"]
     for key, label in ((REWARD, "reward"), (LOSS, "loss"), (KL, "kl")):
@@ -275,7 +287,8 @@ def build(job_id: str, job_dir: Path, status: postmortem.JobStatus | None = None
         status = postmortem.analyse(job_id, None, "not used", [], job_dir, lines=0)
     lanes: list[Lane] = []
     for attempt, events in sorted(_by_attempt(contents.events).items()):
-        lanes += _attempt_lanes(attempt, events, [lg for lg in contents.logs if lg.attempt == attempt], metrics)
+        lanes += _rank_lanes(_attempt_lanes(attempt, events, [lg for lg in contents.logs if lg.attempt == attempt],
+                                            metrics), F.read_server_ranks(job_dir, attempt))
     if metrics and all(m.wall is None for m in metrics):
         notes.append("the trainer's records carry no time stamp (an older trainer): steps and weight syncs are "
                      "left off the timeline; the curves show them")

@@ -14,12 +14,13 @@ node.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from launchgen.readback.jobfiles import RoleLog as RoleLog
 from launchgen.readback.jobfiles import StatusError as StatusError
-from launchgen.readback.jobfiles import local_job_dir, locate_job_dir
+from launchgen.readback.jobfiles import local_job_dir, locate_job_dir, read_server_ranks
 from launchgen.readback.jobfiles import parse_events_text as parse_events_text
 from launchgen.readback.jobfiles import tail as tail
 from launchgen.readback.postmortem import JobStatus as JobStatus
@@ -29,6 +30,7 @@ from launchgen.readback.slurmquery import parse_sacct as parse_sacct
 from launchgen.readback.slurmquery import parse_scontrol_oneliner as parse_scontrol_oneliner
 from launchgen.readback.slurmquery import query_sacct, query_scontrol, run_command
 from launchgen.readback.slurmquery import scheduler_info_from_scontrol as scheduler_info_from_scontrol
+from launchgen.shared import jobdir as J
 from launchgen.shared.jobdir import DEFAULT_LAYOUT
 from launchgen.shared.jobdir import LOCAL_JOB_ID as LOCAL_JOB_ID
 from launchgen.shared.jobdir import ROLES as ROLES
@@ -68,9 +70,10 @@ def _collect_local(job_dir: str | Path | None, lines: int) -> JobStatus:
     return analyse(LOCAL_JOB_ID, None, "not used (a local --bash run)", [], local_job_dir(job_dir), lines)
 
 
-def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None) -> RoleLog:
-    """The log `launchgen logs` prints: role, then node (name or position), then attempt (default: latest).
-    `batch` is the batch script's own output (sbatch --output), the one record of a script that died early."""
+def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None, rank: int | None = None) -> RoleLog:
+    """The log `launchgen logs` prints: role, then node (name or position) or the server's rank, then attempt
+    (default: latest). `batch` is the batch script's own output (sbatch --output), the one record of a script
+    that died early."""
     if role == BATCH_ROLE:
         if st.batch_log is None:
             raise StatusError(f"no batch log found for job {st.job_id} (a --bash run prints to its terminal)")
@@ -89,6 +92,8 @@ def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None) 
     cands = [lg for lg in cands if lg.attempt == want]
     if not cands:
         raise StatusError(f"--attempt {attempt}: {role} logs exist for attempts {', '.join(map(str, atts))}")
+    if rank is not None:
+        return _rank_log(st, role, rank, want, cands)
     if node is None:
         return cands[0]
     named = [lg for lg in cands if lg.node == node]
@@ -97,3 +102,34 @@ def select_log(st: JobStatus, role: str, node: str | None, attempt: int | None) 
     if node.isdigit() and int(node) < len(cands):
         return cands[int(node)]
     raise StatusError(f"--node {node}: {role} ran on {', '.join(lg.node for lg in cands)} in attempt {want}")
+
+
+def planned_server_ranks(st: JobStatus) -> int:
+    """The ranks of the first server replica in the job's run record: its nodes (1 where it has no record)."""
+    try:
+        record = J.RunRecord.from_json(json.loads(Path(st.plan_file or "").read_text()))
+        return max(1, len(record.plan["server"]["replicas"][0]["positions"]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return 1
+
+
+def _rank_log(st: JobStatus, role: str, rank: int, attempt: int, cands: list[RoleLog]) -> RoleLog:
+    """The log of the first replica's server rank `rank`: its node from the attempt's rank files (a server
+    on one node records none, and is rank 0)."""
+    first = [lg for lg in cands if lg.replica == 0]
+    if role != "server":
+        raise StatusError(f"--rank {rank}: only the server has ranks (use --node for the {role})")
+    ranks = [r for r in read_server_ranks(Path(st.job_dir), attempt) if r.role == role] if st.job_dir else []
+    if not ranks and planned_server_ranks(st) == 1:
+        if rank == 0 and first:
+            return first[0]
+        raise StatusError(f"--rank {rank}: the server ran on one node in attempt {attempt}: it has rank 0 only")
+    mine = next((r for r in ranks if r.rank == rank), None)
+    if mine is None or mine.node is None:
+        known = ", ".join(f"{r.rank} ({r.node})" for r in ranks if r.node)
+        raise StatusError(f"--rank {rank}: the server's ranks in attempt {attempt} are {known or 'none yet'}")
+    log = next((lg for lg in first if lg.node == mine.node), None)
+    if log is None:
+        raise StatusError(f"--rank {rank}: it ran on {mine.node}, but its log is not there: "
+                          f"{st.job_dir}/{DEFAULT_LAYOUT.role_log(role, attempt, mine.node)}")
+    return log

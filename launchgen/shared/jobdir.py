@@ -191,6 +191,19 @@ def server_rank_file(pid_dir: str | Path, role: str, rank: int, what: str) -> Pa
     return Path(pid_dir) / (SERVER_RANK_FILE.format(role=role, rank=rank) + "." + what)
 
 
+# the role is `server` (replica 0) or a later replica's REPLICA_ROLE
+_SERVER_RANK_RE = re.compile("^" + _name_rx(
+    SERVER_RANK_FILE, role=f"server|{_name_rx(REPLICA_ROLE, replica='[1-9][0-9]*')}", rank="[0-9]+")
+    + r"\.(?P<what>node|pid|exit)$")  # fmt: skip
+
+
+def server_rank_file_of(filename: str) -> tuple[str, int, str] | None:
+    """(role, rank, what) of a `<role>.rank<K>.<what>` file in an attempt's pid directory (role `server` or
+    `server-r<k>`); None for any other file."""
+    m = _SERVER_RANK_RE.match(filename)
+    return (m["role"], int(m["rank"]), m["what"]) if m else None
+
+
 def pid_file(pid_dir: str | Path, node: str, rank: str | int) -> Path:
     return Path(pid_dir) / node / PID_FILE.format(rank=rank)
 
