@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launchgen.shared.textwidth import INDENT, wrap
 from launchgen.shared.visible import visible
 
 Severity = Literal["error", "warning", "info"]
@@ -27,16 +28,30 @@ class Issue:
         return Issue(self.code, self.path, self.message, self.fix, self.severity, line, file)
 
     def format(self) -> str:
+        """The whole issue on one line (what `SpecError` carries; `lines` is what a person reads)."""
+        return " ".join(self._parts())
+
+    def lines(self, width: int) -> list[str]:
+        """The issue as printed: one line when it fits in `width`; else its message wrapped at word boundaries
+        and its fix on lines of its own, every later line indented, so the first line still starts with
+        `file:line: severity CODE [field]` (grep finds the code) and `Fix:` starts a line."""
+        one = self.format()
+        if len(one) <= width:
+            return [one]
+        head, *fix = self._parts()
+        return wrap(head, width) + [ln for f in fix for ln in wrap(f, width, first=INDENT)]
+
+    def _parts(self) -> list[str]:
         where = self.file or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
         # a file-level problem (not YAML, too large) has no field: no empty `[]`
         field = f" [{self.path}]" if self.path else ""
-        text = f"{where}: {self.severity} {self.code}{field} {self.message}"
+        # nothing from the spec (a key, a value) may drive the terminal
+        parts = [visible(f"{where}: {self.severity} {self.code}{field} {self.message}")]
         if self.fix:
-            text += f" Fix: {self.fix}"
-        # one line each, and nothing from the spec (a key, a value) may drive the terminal
-        return visible(text)
+            parts.append(visible(f"Fix: {self.fix}"))
+        return parts
 
 
 @dataclass
