@@ -29,29 +29,29 @@ class Issue:
 
     def format(self) -> str:
         """The whole issue on one line (what `SpecError` carries; `lines` is what a person reads)."""
-        return " ".join(self._parts())
+        head, message, fix = self._parts()
+        return " ".join(p for p in (head, message, fix) if p)
 
     def lines(self, width: int) -> list[str]:
-        """The issue as printed: one line when it fits in `width`; else its message wrapped at word boundaries
-        and its fix on lines of its own, every later line indented, so the first line still starts with
-        `file:line: severity CODE [field]` (grep finds the code) and `Fix:` starts a line."""
+        """The issue as printed: one line when it fits in `width`; else the first line is `file:line: severity
+        CODE [field]` (never broken: grep finds the code there) and as much of the message as fits, the rest of
+        the message wrapped at word boundaries and the fix on lines of its own, every later line indented."""
         one = self.format()
         if len(one) <= width:
             return [one]
-        head, *fix = self._parts()
-        return wrap(head, width) + [ln for f in fix for ln in wrap(f, width, first=INDENT)]
+        head, message, fix = self._parts()
+        out = [ln.rstrip() for ln in wrap(message, width, first=head + " ")]
+        return out + (wrap(fix, width, first=INDENT) if fix else [])
 
-    def _parts(self) -> list[str]:
+    def _parts(self) -> tuple[str, str, str]:
         where = self.file or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
         # a file-level problem (not YAML, too large) has no field: no empty `[]`
         field = f" [{self.path}]" if self.path else ""
         # nothing from the spec (a key, a value) may drive the terminal
-        parts = [visible(f"{where}: {self.severity} {self.code}{field} {self.message}")]
-        if self.fix:
-            parts.append(visible(f"Fix: {self.fix}"))
-        return parts
+        return (visible(f"{where}: {self.severity} {self.code}{field}"), visible(self.message),
+                visible(f"Fix: {self.fix}") if self.fix else "")
 
 
 @dataclass
