@@ -11,7 +11,6 @@ split: it overflows instead, so it can still be copied.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import IO
@@ -22,6 +21,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from launchgen.shared.textwidth import wrap
 from launchgen.shared.visible import visible
 
 #: between the items of a record
@@ -31,11 +31,6 @@ SEP = "; "
 def console(file: IO[str] | None = None) -> Console:
     """The console tables are printed on: the terminal's width, `COLUMNS` when set, else 80 (a pipe)."""
     return Console(file=file)
-
-
-def wrap(text: str, width: int, indent: str = "    ") -> list[str]:
-    return textwrap.wrap(text, width=max(width, 20), subsequent_indent=indent, break_long_words=False,
-                         break_on_hyphens=False) or [""]
 
 
 def wrap_items(items: Sequence[str], width: int, first: str = "", indent: str = "    ") -> list[str]:

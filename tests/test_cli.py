@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from tools import unwrapped
 
 from launchgen import __version__
 from launchgen.cli import main
@@ -49,8 +50,8 @@ def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> str:
 
 def assert_clean_failure(r: Result, code: str) -> None:
     assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output
-    assert f" {code} " in r.stderr
+    assert "Traceback" not in unwrapped(r.output)
+    assert f" {code} " in unwrapped(r.stderr)
     assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
@@ -70,7 +71,7 @@ def test_help_lists_verbs_and_examples() -> None:
 def test_check_good_spec_exits_0(tmp_path: Path) -> None:
     r = run("check", write(tmp_path, GOOD))
     assert r.exit_code == 0, r.output
-    assert "ok (0 error(s)" in r.stderr
+    assert "ok (0 error(s)" in unwrapped(r.stderr)
     assert r.stdout == ""
 
 
@@ -83,7 +84,7 @@ def test_check_unknown_key_points_at_line(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("  tensor_parallel_size: 4\n", "  tensor_parallel_size: 4\n  tp_size: 4\n"))
     r = run("check", path)
     assert_clean_failure(r, "LG002")
-    assert f"{path}:9: error LG002 [vllm.tp_size]" in r.stderr
+    assert f"{path}:9: error LG002 [vllm.tp_size]" in unwrapped(r.stderr)
 
 
 def test_check_missing_file(tmp_path: Path) -> None:
@@ -100,17 +101,20 @@ def test_check_cross_field_error_line_format(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("tensor_parallel_size: 4", "tensor_parallel_size: 2"))
     r = run("check", path)
     assert_clean_failure(r, "LG201")
-    line = next(ln for ln in r.stderr.splitlines() if "LG201" in ln)
-    assert line.startswith(f"{path}:8: error LG201 [vllm.tensor_parallel_size] ")
-    assert " Fix: " in line
+    first = next(ln for ln in unwrapped(r.stderr).splitlines() if "LG201" in ln)
+    assert first.startswith(f"{path}:8: error LG201 [vllm.tensor_parallel_size] ")
+    # wrapped at 80 columns in a pipe: the message's rest and the fix on indented lines after it
+    line = next(ln for ln in unwrapped(r.stderr).splitlines() if "LG201" in ln)
+    assert " Fix: " in line and line.startswith(first)
+    assert all(len(ln) <= 80 for ln in unwrapped(r.stderr).splitlines() if not ln.startswith(str(tmp_path)))
 
 
 def test_strict_turns_warning_into_exit_2(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("  group_port: 29551\n", "  group_port: 29551\n  bind: 0.0.0.0\n"))
     r = run("check", path)
-    assert r.exit_code == 0 and "warning LG801" in r.stderr
+    assert r.exit_code == 0 and "warning LG801" in unwrapped(r.stderr)
     r = run("check", "--strict", path)
-    assert r.exit_code == 2 and "error LG801" in r.stderr
+    assert r.exit_code == 2 and "error LG801" in unwrapped(r.stderr)
 
 
 def test_json_format(tmp_path: Path) -> None:
@@ -127,7 +131,7 @@ def test_json_format(tmp_path: Path) -> None:
 
 def test_usage_error_keeps_click_exit_2() -> None:
     r = run("check", "--no-such-option", "x.yaml")
-    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.exit_code == 2 and "Traceback" not in unwrapped(r.output)
 
 
 def test_unexpected_exception_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,9 +143,9 @@ def test_unexpected_exception_is_one_line(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(common, "run_checks", boom)
     r = run("check", write(tmp_path, GOOD))
     assert r.exit_code == 1
-    assert "Traceback" not in r.output
-    assert "internal error: RuntimeError: kaboom" in r.stderr
-    assert "LAUNCHGEN_DEBUG=1" in r.stderr
+    assert "Traceback" not in unwrapped(r.output)
+    assert "internal error: RuntimeError: kaboom" in unwrapped(r.stderr)
+    assert "LAUNCHGEN_DEBUG=1" in unwrapped(r.stderr)
     r = run("check", write(tmp_path, GOOD), env={"LAUNCHGEN_DEBUG": "1"})
     assert isinstance(r.exception, RuntimeError)
 
@@ -163,13 +167,13 @@ def test_init_writes_a_spec_that_passes_strict_check(tmp_path: Path, layout: str
     assert "#" in Path(path).read_text()  # commented
     r = run("check", "--strict", path)
     assert r.exit_code == 0, r.stderr
-    assert " error " not in r.stderr and " warning " not in r.stderr
+    assert " error " not in unwrapped(r.stderr) and " warning " not in unwrapped(r.stderr)
 
 
 def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
     path = write(tmp_path, "keep me\n")
     r = run("init", path)
-    assert r.exit_code == 2 and "--force" in r.stderr
+    assert r.exit_code == 2 and "--force" in unwrapped(r.stderr)
     assert Path(path).read_text() == "keep me\n"
     r = run("init", path, "--force", "--layout", "sft")
     assert r.exit_code == 0 and "trainer: sft" in Path(path).read_text()
@@ -204,7 +208,7 @@ def test_render_refuses_to_overwrite(tmp_path: Path) -> None:
     import launchgen.cli.render  # noqa: F401  (a [dev] dependency: missing is a failure, not a skip)
     out = write(tmp_path, "existing\n", "job.sbatch")
     r = run("render", write(tmp_path, GOOD), "-o", out)
-    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.exit_code == 2 and "Traceback" not in unwrapped(r.output)
     assert Path(out).read_text() == "existing\n"
     r = run("render", write(tmp_path, GOOD), "-o", out, "--force")
     assert r.exit_code == 0, r.output

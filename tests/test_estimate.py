@@ -13,6 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from launchgen.trainers.declarations.peft_config import FUSED_GROUPS
+from tools import unwrapped
 
 from launchgen.cli import main
 from launchgen.shared.estimate import (
@@ -323,7 +324,7 @@ def _ddp_one_node(tmp_path: Path) -> Path:
 def test_check_refuses_ddp_of_the_70b_model_on_one_node_naming_the_fix(tmp_path: Path) -> None:
     r = _run("check", str(_ddp_one_node(tmp_path)))
     assert r.exit_code == 2, r.output
-    line = next(x for x in r.output.splitlines() if "LG241" in x)
+    line = next(x for x in unwrapped(r.output).splitlines() if "LG241" in x)
     assert "error LG241 [train.backend]" in line and "ddp x 8" in line
     assert "Fix: Fits after any of: deepspeed_zero3 + train.distributed.offload_optimizer" in line
     assert ":" in line.split(" error")[0]  # file:line
@@ -343,7 +344,7 @@ def test_check_refuses_a_server_tp_too_small_and_names_the_smallest_tp(tmp_path:
     p.write_text(yaml.safe_dump(spec))
     r = _run("check", str(p))
     assert r.exit_code == 2
-    line = next(x for x in r.output.splitlines() if "LG240" in x)
+    line = next(x for x in unwrapped(r.output).splitlines() if "LG240" in x)
     assert f"error LG240 [{field}]" in line and why in line
     assert "Fix: Raise vllm.tensor_parallel_size to 4" in line
 
@@ -361,7 +362,7 @@ def test_warning_margin_and_unknown_gpu_stays_silent(tmp_path: Path) -> None:
     p = tmp_path / "nogpu.yaml"
     p.write_text(yaml.safe_dump(spec))
     r = _run("check", str(p))
-    assert "LG241" not in r.output
+    assert "LG241" not in unwrapped(r.output)
     out = _run("plan", str(p)).output
     assert "LG241" not in out
 
@@ -392,7 +393,7 @@ def test_plan_from_run_gives_gpu_hours(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     r = _run("plan", str(EXAMPLE), "--from-run", str(empty))
-    assert r.exit_code == 2 and "no metrics.jsonl" in r.output
+    assert r.exit_code == 2 and "no metrics.jsonl" in unwrapped(r.output)
 
 
 def test_check_live_judges_with_nvidia_smi_memory(tmp_path: Path) -> None:
@@ -471,7 +472,7 @@ def test_a_users_deepspeed_file_turns_the_refusal_into_a_warning(tmp_path: Path)
     p = tmp_path / "ds.yaml"
     p.write_text(yaml.safe_dump(spec))
     r = _run("check", str(p))
-    line = next(x for x in r.output.splitlines() if "LG241" in x)
+    line = next(x for x in unwrapped(r.output).splitlines() if "LG241" in x)
     assert "warning LG241" in line and "estimated without the offload" in line
     assert r.exit_code == 0, r.output
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tools import tool
+from tools import tool, unwrapped
 
 from launchgen.input import directives
 
@@ -58,7 +58,7 @@ def test_a_distributed_config_that_is_not_a_regular_file_is_refused_at_once(tmp_
     for cmd in cmds:
         r = _launchgen(tmp_path, *cmd)
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
-        out = r.stdout + r.stderr
+        out = r.stdout + unwrapped(r.stderr)
         assert "Traceback" not in out and "internal error" not in out, out
         assert "not a regular file" in out, out
 
@@ -73,7 +73,7 @@ def test_data_and_model_config_that_are_fifos_do_not_hang_check(tmp_path: Path, 
     os.mkfifo(model / "config.json")
     spec.write_text(yaml.safe_dump(d))
     r = _launchgen(tmp_path, "check", str(spec))
-    out = r.stdout + r.stderr
+    out = r.stdout + unwrapped(r.stderr)
     assert "LG331" in out and "not a regular file" in out, out
     assert "Traceback" not in out, out
 
@@ -83,7 +83,7 @@ def test_a_trl_script_that_is_not_a_regular_file_is_refused_not_called_missing(t
     os.mkfifo(script)
     spec = _spec(tmp_path, train={"trainer": "trl.grpo", "script": str(script), "args": {}})
     r = _launchgen(tmp_path, "check", str(spec))
-    out = r.stdout + r.stderr
+    out = r.stdout + unwrapped(r.stderr)
     assert r.returncode == 2 and "LG922" in out and "a FIFO, not a regular file" in out, out
     assert "does not exist" not in out and "Traceback" not in out, out
 
@@ -113,14 +113,14 @@ def test_sbatch_options_that_change_environment_io_or_tasks_are_refused_in_every
     with pytest.raises(directives.DirectiveError, match="is refused"):
         directives.validate(entry)
     r = _launchgen(tmp_path, "check", str(_spec(tmp_path, slurm={"extra_directives": [entry]})))
-    out = r.stdout + r.stderr
+    out = r.stdout + unwrapped(r.stderr)
     assert r.returncode == 2 and "[slurm.extra_directives.0]" in out and "is refused" in out, out
 
 
 def test_cpus_per_gpu_beside_the_cpus_per_task_a_shared_node_plan_writes_is_refused(tmp_path: Path) -> None:
     spec = _spec(tmp_path, slurm={"exclusive": False, "extra_directives": ["--cpus-per-gpu=4"]})
     r = _launchgen(tmp_path, "check", str(spec))
-    out = r.stdout + r.stderr
+    out = r.stdout + unwrapped(r.stderr)
     assert r.returncode == 2 and "LG812" in out and "--cpus-per-task" in out, out
     # an exclusive node: launchgen writes no --cpus-per-task, so sbatch takes --cpus-per-gpu
     ok = _launchgen(tmp_path, "check", str(_spec(tmp_path, slurm={"extra_directives": ["--cpus-per-gpu=4"]})))
@@ -133,7 +133,7 @@ def test_cpus_per_gpu_beside_the_cpus_per_task_a_shared_node_plan_writes_is_refu
 def test_env_keys_that_break_the_job_shell_are_refused(tmp_path: Path, name: str, value: str) -> None:
     spec = _spec(tmp_path, slurm={"env": {"trainer": {name: value}}})
     r = _launchgen(tmp_path, "check", str(spec))
-    out = r.stdout + r.stderr
+    out = r.stdout + unwrapped(r.stderr)
     assert r.returncode == 2 and "LG810" in out and f"slurm.env.trainer.{name}" in out, out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from tools import unwrapped
 
 from launchgen.checks.live import probes as live
 from launchgen.checks.live.command import ProbeSkipped, Result, run_command
@@ -276,7 +277,7 @@ def test_check_live_cli_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     r = CliRunner().invoke(main, ["check", str(spec)], env=env)
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["check", "--live", str(spec)], env=env)
-    assert r.exit_code == 2 and "error LG712 [slurm.gpus_per_node]" in r.stderr
+    assert r.exit_code == 2 and "error LG712 [slurm.gpus_per_node]" in unwrapped(r.stderr)
 
 
 def _real_sinfo() -> str | None:

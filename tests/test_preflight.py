@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from tools import unwrapped
 
 from launchgen.cli import main
 
@@ -57,13 +58,14 @@ def check(text: str, *args: str, env: dict[str, str] | None = None) -> Result:
 
 
 def lines(r: Result, code: str) -> list[str]:
-    return [ln for ln in r.stderr.splitlines() if f" {code} " in ln]
+    """The issues of `code`, each on one line (as printed, wrapped at 80 columns in a pipe)."""
+    return [ln for ln in unwrapped(r.stderr).splitlines() if f" {code} " in ln]
 
 
 def failed(r: Result, code: str, field: str, line: int | None = None) -> str:
     """The one issue line of `code`, after asserting exit 2, no traceback, the field and the line."""
     assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output and "internal error" not in r.output
+    assert "Traceback" not in unwrapped(r.output) and "internal error" not in unwrapped(r.output)
     found = lines(r, code)
     assert len(found) == 1, r.stderr
     assert f"[{field}]" in found[0], found[0]
@@ -76,7 +78,7 @@ def failed(r: Result, code: str, field: str, line: int | None = None) -> str:
 def test_good_spec_passes(submit: Path) -> None:
     r = check(spec())
     assert r.exit_code == 0, r.stderr
-    assert " error " not in r.stderr and " warning " not in r.stderr
+    assert " error " not in unwrapped(r.stderr) and " warning " not in unwrapped(r.stderr)
 
 
 # ------------------------------------------------------------------------------------------------ rewards

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from test_preflight import check, failed, lines, spec
+from tools import unwrapped
 
 
 def _model(tmp: Path, model_type: str = "qwen2", layers: int = 2) -> str:
@@ -35,7 +36,7 @@ def test_good_lora_spec_passes_and_renders(submit: Path) -> None:
                    {"modules_to_save": ["embed_tokens"], "target_modules": "all-linear"}):
         r = check(spec(model=m, extra=peft(**fields)))
         assert r.exit_code == 0, r.stderr
-        assert " error " not in r.stderr and " warning " not in r.stderr and "LG34" not in r.stderr, r.stderr
+        assert " error " not in unwrapped(r.stderr) and " warning " not in unwrapped(r.stderr) and "LG34" not in unwrapped(r.stderr), r.stderr
 
 
 def test_target_entry_matching_nothing_is_lg340_on_its_line(submit: Path) -> None:
@@ -81,5 +82,5 @@ def test_missing_adapter_path_is_lg346(submit: Path) -> None:
 
 def test_invalid_peft_section_is_one_lg901_error(submit: Path) -> None:
     r = check(spec(model=_model(submit), extra=peft(r=0)))
-    assert r.exit_code == 2 and "Traceback" not in r.output
-    assert "LG901" in r.stderr and "peft.r" in r.stderr, r.stderr
+    assert r.exit_code == 2 and "Traceback" not in unwrapped(r.output)
+    assert "LG901" in unwrapped(r.stderr) and "peft.r" in unwrapped(r.stderr), r.stderr

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from recorders import install_recorders
-from tools import path_with_venv
+from tools import path_with_venv, unwrapped
 
 from launchgen.checks import run_checks
 from launchgen.input.loader import load_spec_text
@@ -101,7 +101,7 @@ def _case(value: str, injection: str, dirname: str, with_server: bool) -> None:
             job_dir = root / outdir.expand(spec["job"]["output_dir"], job_id="local", job_name="q",
                                            user=os.environ.get("USER") or getpass.getuser(), env=env)
         except outdir.UnsetVariable:
-            assert res.returncode != 0 and "not set" in res.stderr, res.stderr[-3000:]
+            assert res.returncode != 0 and "not set" in unwrapped(res.stderr), res.stderr[-3000:]
             return
         assert res.returncode == 0, res.stderr[-3000:]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_render_lifecycle import _alive, _env, _run, _server_pid, _spec, _write_script
-from tools import tool
+from tools import tool, unwrapped
 
 
 def _hup_default() -> None:
@@ -196,8 +196,8 @@ def test_a_refused_rerun_keeps_the_previous_records_and_never_says_complete(tmp_
     res = _run(tmp_path, second, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"), FAKE_TRAINER_CRASH_AT_STEP="1",
                FAKE_TRAINER_EXIT_CODE="2")
     assert res.returncode == 2, res.stderr
-    assert "training complete" not in res.stderr, res.stderr
-    assert "the trainer refused this run" in res.stderr and "attempt-1/trainer-local.log" in res.stderr, res.stderr
+    assert "training complete" not in unwrapped(res.stderr), res.stderr
+    assert "the trainer refused this run" in unwrapped(res.stderr) and "attempt-1/trainer-local.log" in unwrapped(res.stderr), res.stderr
     assert {n: (job / n).read_bytes() for n in names} == before
     refused = job / "logs/attempt-1/refused"
     assert b"max_steps: 7" in (refused / "trainer.yaml").read_bytes()
@@ -206,11 +206,11 @@ def test_a_refused_rerun_keeps_the_previous_records_and_never_says_complete(tmp_
 def test_a_rerun_of_a_finished_training_says_nothing_was_trained(tmp_path: Path) -> None:
     script = _write_script(tmp_path, _spec(max_steps=3))
     first = _run(tmp_path, script, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
-    assert first.returncode == 0 and "launchgen: training complete" in first.stderr, first.stderr
+    assert first.returncode == 0 and "launchgen: training complete" in unwrapped(first.stderr), first.stderr
     again = _run(tmp_path, script, FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
     assert again.returncode == 0, again.stderr
-    assert "training was already complete before this run" in again.stderr, again.stderr
-    assert "launchgen: training complete" not in again.stderr
+    assert "training was already complete before this run" in unwrapped(again.stderr), again.stderr
+    assert "launchgen: training complete" not in unwrapped(again.stderr)
 
 
 def test_the_preflight_fails_a_job_whose_group_port_is_taken_before_anything_starts(tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_the_preflight_fails_a_job_whose_group_port_is_taken_before_anything_sta
         res = _run(tmp_path, _write_script(tmp_path, text), FAKE_VLLM_PIDFILE=str(tmp_path / "server.pid"))
     assert res.returncode == 1, res.stderr
     assert time.monotonic() - started < 30
-    assert "preflight PF101 on local: vllm.group_port" in res.stderr and "before any model loaded" in res.stderr
+    assert "preflight PF101 on local: vllm.group_port" in unwrapped(res.stderr) and "before any model loaded" in unwrapped(res.stderr)
     events = _events(tmp_path)
     assert "preflight status=failed codes=PF101" in events and "server_start" not in events, events
     assert not (tmp_path / "server.pid").exists()  # the server never started

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tools import tool
+from tools import tool, unwrapped
 
 from launchgen.checks import run_checks
 from launchgen.checks.runner import FOLD_FROM, fold_alike
@@ -79,13 +79,13 @@ def test_absurd_counts_are_refused_with_a_code_and_the_field(tmp_path: Path, sec
                                                               value: int) -> None:
     p = _check(_spec(tmp_path, **{section: {field: value}}), timeout=30)
     assert p.returncode == 2, p.stderr
-    assert f"error LG004 [{section}.{field}] Input should be less than or equal to" in p.stderr, p.stderr
-    assert "internal error" not in p.stderr
+    assert f"error LG004 [{section}.{field}] Input should be less than or equal to" in unwrapped(p.stderr), unwrapped(p.stderr)
+    assert "internal error" not in unwrapped(p.stderr)
 
 
 def test_the_nodes_of_both_roles_together_are_bounded(tmp_path: Path) -> None:
     p = _check(_spec(tmp_path, train={"nodes": MAX_NODES}, vllm={"nodes": 1}))
-    assert p.returncode == 2 and "error LG108 [vllm.nodes]" in p.stderr, p.stderr
+    assert p.returncode == 2 and "error LG108 [vllm.nodes]" in unwrapped(p.stderr), p.stderr
 
 
 def test_per_replica_findings_are_one_line_with_a_count(tmp_path: Path) -> None:
@@ -94,8 +94,8 @@ def test_per_replica_findings_are_one_line_with_a_count(tmp_path: Path) -> None:
     spec = _spec(tmp_path, job={"port_offset": "job_id"},
                  vllm={"nodes": 1024, "replicas": 1024, "port": 40000, "group_port": 39000})
     p = _check(spec, timeout=30)
-    assert p.returncode == 2 and "LG222 [vllm.replicas]" in p.stderr, p.stderr
-    lg403 = [line for line in p.stderr.splitlines() if " LG403 " in line]
+    assert p.returncode == 2 and "LG222 [vllm.replicas]" in unwrapped(p.stderr), p.stderr
+    lg403 = [line for line in unwrapped(p.stderr).splitlines() if " LG403 " in line]
     # replica 0's port is named as the field's own, the others as "of replica k": two lines per field
     assert len(lg403) == 4, lg403
     assert sum("more like it" in line for line in lg403) == 2, lg403

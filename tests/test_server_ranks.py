@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from tools import unwrapped
 
 from launchgen.cli import main
 from launchgen.readback import runreport
@@ -71,7 +72,7 @@ def test_logs_of_a_rank_is_its_nodes_log(tmp_path: Path) -> None:
     r = _logs(d, "--rank", "1", "-n", "1")
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [f"{T} launchgen: server rank 1: vllm exited with status 137"], r.stdout
-    assert "server rank 1 on node2" in r.stderr and "server-node2.log" in r.stderr, r.stderr
+    assert "server rank 1 on node2" in unwrapped(r.stderr) and "server-node2.log" in unwrapped(r.stderr), r.stderr
     r = _logs(d, "--rank", "0", "--path-only")
     assert r.exit_code == 0 and r.stdout.strip() == str(d / L.role_log("server", 0, "node1")), r.output
 
@@ -80,15 +81,15 @@ def test_a_rank_that_does_not_exist_names_those_that_do(tmp_path: Path) -> None:
     d = _two_rank_job(tmp_path)
     r = _logs(d, "--rank", "2")
     assert r.exit_code == 2, r.output
-    assert r.stderr.strip() == ("launchgen: error: --rank 2: the server's ranks in attempt 0 are 0 (node1), "
+    assert unwrapped(r.stderr).strip() == ("launchgen: error: --rank 2: the server's ranks in attempt 0 are 0 (node1), "
                                 "1 (node2)"), r.stderr
-    assert "Traceback" not in r.output
+    assert "Traceback" not in unwrapped(r.output)
 
 
 @pytest.mark.parametrize("args", [["--node", "node1"], ["--role", "trainer"]])
 def test_rank_is_for_the_server_alone(tmp_path: Path, args: list[str]) -> None:
     r = _logs(_two_rank_job(tmp_path), "--rank", "0", *args)
-    assert r.exit_code == 2 and "--rank 0: a server rank" in r.stderr, r.output
+    assert r.exit_code == 2 and "--rank 0: a server rank" in unwrapped(r.stderr), r.output
 
 
 def test_a_one_node_server_is_rank_0(tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ def test_a_one_node_server_is_rank_0(tmp_path: Path) -> None:
     r = _logs(d, "--rank", "0", "--path-only")
     assert r.exit_code == 0 and r.stdout.strip().endswith("server-node1.log"), r.output
     r = _logs(d, "--rank", "1")
-    assert r.exit_code == 2 and "ran on one node in attempt 0: it has rank 0 only" in r.stderr, r.output
+    assert r.exit_code == 2 and "ran on one node in attempt 0: it has rank 0 only" in unwrapped(r.stderr), unwrapped(r.output)
 
 
 def test_follow_a_rank_until_the_job_ends(tmp_path: Path) -> None:
@@ -140,5 +141,5 @@ def test_report_names_each_rank_and_its_exit(tmp_path: Path) -> None:
 
 def test_following_a_rank_the_plan_lacks_is_refused_at_once(tmp_path: Path) -> None:
     r = _logs(_two_rank_job(tmp_path, end=False), "--rank", "2", "-f")
-    assert r.exit_code == 2 and "ranks in attempt 0 are 0 (node1), 1 (node2)" in r.stderr, r.output
+    assert r.exit_code == 2 and "ranks in attempt 0 are 0 (node1), 1 (node2)" in unwrapped(r.stderr), unwrapped(r.output)
 

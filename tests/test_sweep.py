@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tools import unwrapped
 
 from launchgen.checks import run_checks
 from launchgen.cli import main
@@ -147,10 +148,10 @@ def test_a_point_that_does_not_validate_is_named_and_located_at_its_sweep_entry(
     Path("s.yaml").write_text(text)
     res = CliRunner().invoke(main, ["check", "--no-files", "s.yaml"])
     assert res.exit_code == 2, res.output
-    errors = [ln for ln in res.stderr.splitlines() if " error " in ln]
+    errors = [ln for ln in unwrapped(res.stderr).splitlines() if " error " in ln]
     assert errors and all("point tp3:" in ln for ln in errors), res.stderr
     assert any(ln.startswith("s.yaml:7: error LG2") for ln in errors), res.stderr
-    assert "point tp4" not in res.stderr
+    assert "point tp4" not in unwrapped(res.stderr)
 
 
 def test_an_issue_of_every_point_is_printed_once_unlabelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,7 +160,7 @@ def test_an_issue_of_every_point_is_printed_once_unlabelled(tmp_path: Path, monk
                               "sweep: {grid: {train.args.seed: [1, 2]}}\n")
     res = CliRunner().invoke(main, ["check", "--no-files", "s.yaml"])
     assert res.exit_code == 2
-    assert res.stderr.count("[job.preflight]") == 1 and "point seed" not in res.stderr, res.stderr
+    assert res.stderr.count("[job.preflight]") == 1 and "point seed" not in unwrapped(res.stderr), res.stderr
 
 
 def test_for_point_reads_j_as_the_arrays_id_and_keeps_a_literal_percent() -> None:
@@ -221,10 +222,10 @@ def test_the_array_script_refuses_to_run_outside_an_array(tmp_path: Path) -> Non
     f.write_text(script.text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     res = subprocess.run(["bash", str(f)], capture_output=True, text=True, env=env, check=False)
-    assert res.returncode != 0 and "submit it with sbatch" in res.stderr
+    assert res.returncode != 0 and "submit it with sbatch" in unwrapped(res.stderr)
     res = subprocess.run(["bash", str(f)], capture_output=True, text=True, env={**env, "SLURM_ARRAY_TASK_ID": "7"},
                          check=False)
-    assert res.returncode == 2 and "no point of this script" in res.stderr
+    assert res.returncode == 2 and "no point of this script" in unwrapped(res.stderr)
 
 
 def test_points_of_different_shapes_and_hetjobs_get_scripts_of_their_own() -> None:
@@ -252,13 +253,13 @@ def test_render_writes_one_file_per_script_and_keeps_existing_ones(tmp_path: Pat
     spec.write_text(BASE + "sweep: {grid: {slurm.time: ['01:00:00', '02:00:00']}}\n")
     runner = CliRunner()
     res = runner.invoke(main, ["render", str(spec)])
-    assert res.exit_code == 2 and "pass -o FILE" in res.stderr
+    assert res.exit_code == 2 and "pass -o FILE" in unwrapped(res.stderr)
     res = runner.invoke(main, ["render", str(spec), "-o", str(tmp_path / "job.sbatch")])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in tmp_path.glob("job*.sbatch")) == ["job.1.sbatch", "job.2.sbatch"]
-    assert "LG025" in res.stderr
+    assert "LG025" in unwrapped(res.stderr)
     res = runner.invoke(main, ["render", str(spec), "-o", str(tmp_path / "job.sbatch")])
-    assert res.exit_code == 2 and "--force" in res.stderr
+    assert res.exit_code == 2 and "--force" in unwrapped(res.stderr)
 
 
 def test_plan_sums_the_gpu_hours_of_every_point(tmp_path: Path) -> None:
@@ -287,7 +288,7 @@ def test_the_example_checks_and_renders_one_script_as_its_golden(scheduler: str,
     runner = CliRunner()
     res = runner.invoke(main, ["check", "--no-files", str(EXAMPLE.relative_to(ROOT))])
     assert res.exit_code == 0, res.output
-    assert "LG023" in res.stderr and "share a job array" in res.stderr
+    assert "LG023" in unwrapped(res.stderr) and "share a job array" in unwrapped(res.stderr)
     args = ["render", str(EXAMPLE.relative_to(ROOT)), *(["--bash"] if scheduler == "bash" else [])]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
@@ -364,7 +365,7 @@ def test_any_cli_sweep_is_taken_or_refused_with_exit_2(item: str, tmp_path_facto
     spec.write_text(BASE)
     res = CliRunner().invoke(main, ["check", "--no-files", str(spec), "--sweep", item])
     assert res.exit_code in (0, 2), res.output
-    assert "Traceback" not in res.output and "internal error" not in res.output
+    assert "Traceback" not in unwrapped(res.output) and "internal error" not in unwrapped(res.output)
 
 
 def test_yaml_of_the_example_is_a_sweep() -> None:
@@ -434,7 +435,7 @@ def test_a_bash_driver_runs_as_many_points_side_by_side_as_the_gpus_hold(tmp_pat
     res = subprocess.run(["bash", str(tmp_path / "slots.sh")], capture_output=True, text=True, env=env, timeout=60,
                          check=False, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "4 GPU(s) here, 2 per point: 2 point(s) at a time" in res.stderr
+    assert "4 GPU(s) here, 2 per point: 2 point(s) at a time" in unwrapped(res.stderr)
     seen = {n: (tmp_path / f"{n}.seen").read_text().split() for n in ("seed1", "seed2", "seed3")}
     assert seen == {"seed1": ["0", "4,5"], "seed2": ["1", "6,7"], "seed3": ["0", "4,5"]}
     log = res.stderr

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tools import env_with_venv, tool
+from tools import env_with_venv, tool, unwrapped
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = "examples/sweeps/cpu-quickstart-lr.yaml"
@@ -61,7 +61,7 @@ def test_a_bash_sweep_runs_every_point_in_its_own_job_directory(tmp_path: Path, 
         assert (job / "trainer" / "metrics.jsonl").read_text().count('"step"') == 2
         assert f"learning_rate: {'1.0e-05' if name == 'lr1e-5' else '3.0e-05'}" in (job / "trainer.yaml").read_text()
         assert '"point"' in (job / "launchgen-sweep.json").read_text()
-    assert "points: lr1e-5: exit 0 lr3e-5: exit 0" in res.stderr
+    assert "points: lr1e-5: exit 0 lr3e-5: exit 0" in unwrapped(res.stderr)
     # side by side (sweep.max_parallel 2, no GPUs to share): their runs overlap, each on ports of its own slot
     spans, ports = [], []
     for name in ("lr1e-5", "lr3e-5"):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tools import unwrapped
 
 from launchgen.checks import run_checks
 from launchgen.input.loader import load_spec_text
@@ -46,8 +47,8 @@ def test_a_typo_in_a_grpoconfig_field_is_exit_2_with_line_and_suggestion_without
     assert "HEAVY [] RC 2" in res.stdout, res.stdout + res.stderr
     line = next(i for i, x in enumerate(spec.read_text().splitlines(), 1) if "num_generation:" in x)
     assert (f"spec.yaml:{line}: error LG901 [train.args.num_generation] `num_generation` is not a field of TRL's "
-            "GRPOConfig") in res.stderr
-    assert "did you mean `num_generations`?" in res.stderr
+            "GRPOConfig") in unwrapped(res.stderr)
+    assert "did you mean `num_generations`?" in unwrapped(res.stderr)
 
 
 def test_a_value_equal_to_the_topology_is_accepted_and_a_contradiction_names_both_fields() -> None:

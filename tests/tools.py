@@ -44,3 +44,17 @@ def env_with_venv(*first: str | Path, base: dict[str, str] | None = None) -> dic
     env = dict(os.environ if base is None else base)
     env["PATH"] = path_with_venv(env.get("PATH", ""), *first)
     return env
+
+
+def unwrapped(text: str) -> str:
+    """launchgen's wrapped messages (an issue, a `launchgen: error:` line: `launchgen.shared.textwidth`) back on
+    one line each: a line that starts with the wrap's indent continues the line above it."""
+    from launchgen.shared.textwidth import INDENT
+
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and line.startswith(INDENT):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")

@@ -2,8 +2,8 @@
 
 Verbs are imported on demand, so `launchgen check` never pays for what `render` or `plan` import, and a verb
 whose module is missing (status and logs arrive later) simply does not exist instead of breaking the CLI.
-Every verb runs under one error policy (`LaunchgenGroup.invoke`): user errors are one line each and exit 2,
-an unexpected exception is one line plus how to get the traceback, exit 1.
+Every verb runs under one error policy (`LaunchgenGroup.invoke`): user errors are a message each (wrapped at
+the terminal's width) and exit 2, an unexpected exception is one line plus how to get the traceback, exit 1.
 """
 
 from __future__ import annotations
@@ -127,8 +127,10 @@ class LaunchgenGroup(click.Group):
             from launchgen.shared.visible import visible
 
             if isinstance(exc, SpecError):
+                from launchgen.shared.textwidth import line_width
+
                 for issue in exc.issues:
-                    click.echo(issue.format(), err=True)
+                    click.echo("\n".join(issue.lines(line_width(sys.stderr))), err=True)
                 raise click.exceptions.Exit(2) from None
             if os.environ.get("LAUNCHGEN_DEBUG"):
                 raise

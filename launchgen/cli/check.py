@@ -24,8 +24,8 @@ from launchgen.shared.visible import visible
 HELP = """\
 Check each SPEC (`-` reads the spec from stdin): field rules, cross-field checks (GPUs, TP/DP, ports, modes, kernels, precision, versions) and the plan.
 
-Each problem is one line on stderr: `file:line: severity CODE [field] message Fix: ...`
-(docs/check-codes.md explains every code). Exit 0 when no spec has an error (warnings allowed), 2 otherwise.
+Each problem goes to stderr as `file:line: severity CODE [field] message`, then `Fix: ...`, wrapped at the
+terminal's width (80 in a pipe, COLUMNS when set), later lines indented (docs/check-codes.md explains every code). Exit 0 when no spec has an error (warnings allowed), 2 otherwise.
 With several specs and --format json, stdout is one object {"ok": ..., "specs": [one object per spec]}.
 
 \b

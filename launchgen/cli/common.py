@@ -1,13 +1,14 @@
 """Helpers every verb shares: load + check a spec, print issues, decide the exit status.
 
-Issues go to stderr, one line each (`file:line: severity CODE [path] message Fix: ...`), so `render | less` shows
-the script alone. Any error (or, with --strict, any warning) ends the command with exit status 2.
+Issues go to stderr (`file:line: severity CODE [path] message`, then `Fix: ...`), wrapped at the terminal's width
+(80 in a pipe: `Issue.lines`), so `render | less` shows the script alone. Any error (or, with --strict, any warning) ends the command with exit status 2.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ import click
 from launchgen.checks import apply_strict, has_errors, run_checks, sort_issues
 from launchgen.input.loader import LoadedSpec, load_spec, read_spec_file
 from launchgen.shared.issues import Issue, SpecError
+from launchgen.shared.textwidth import line_width
 from launchgen.shared.visible import visible
 
 if TYPE_CHECKING:
@@ -35,9 +37,10 @@ sweep_option = click.option(
 
 
 def print_issues(issues: Iterable[Issue], *, infos: bool = True) -> None:
+    width = line_width(sys.stderr)
     for i in issues:
         if infos or i.severity != "info":
-            click.echo(i.format(), err=True)
+            click.echo("\n".join(i.lines(width)), err=True)
 
 
 def issue_dict(i: Issue) -> dict[str, Any]:

@@ -4,15 +4,18 @@ verb reads alike in a log and a wrapper can grep one prefix. Kept apart from `co
 
 from __future__ import annotations
 
+import sys
 from typing import NoReturn
 
 import click
 
+from launchgen.shared.textwidth import line_width, wrap
 from launchgen.shared.visible import visible
 
 EXIT_USAGE = 2  # the same status as a spec error: the command could not do what was asked
 
 
 def fail(message: str) -> NoReturn:
-    click.echo(visible(f"launchgen: error: {message}"), err=True)
+    text = visible(f"launchgen: error: {message}")
+    click.echo("\n".join(wrap(text, line_width(sys.stderr))), err=True)
     raise click.exceptions.Exit(EXIT_USAGE)

@@ -7,11 +7,12 @@ and with distinct last digits, so turning on `job.port_offset: job_id` later sta
 
 from __future__ import annotations
 
-import shutil
-import textwrap
+import sys
 from pathlib import Path
 
 import click
+
+from launchgen.shared.textwidth import line_width, wrap
 
 _HEADER = """\
 # launchgen topology spec ({layout}). Reference: `launchgen schema --format markdown`.
@@ -198,6 +199,4 @@ def command(path: str, layout: str, force: bool) -> None:
 
 def _say(text: str) -> None:
     """One message, wrapped at the terminal's width (COLUMNS, else 80 in a pipe), its later lines indented."""
-    width = max(40, shutil.get_terminal_size((80, 24)).columns)
-    click.echo(textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False),
-               err=True)
+    click.echo("\n".join(wrap(text, line_width(sys.stderr), indent="  ")), err=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launchgen.shared.textwidth import INDENT, wrap
 from launchgen.shared.visible import visible
 
 Severity = Literal["error", "warning", "info"]
@@ -27,16 +28,30 @@ class Issue:
         return Issue(self.code, self.path, self.message, self.fix, self.severity, line, file)
 
     def format(self) -> str:
+        """The whole issue on one line (what `SpecError` carries; `lines` is what a person reads)."""
+        head, message, fix = self._parts()
+        return " ".join(p for p in (head, message, fix) if p)
+
+    def lines(self, width: int) -> list[str]:
+        """The issue as printed: one line when it fits in `width`; else the first line is `file:line: severity
+        CODE [field]` (never broken: grep finds the code there) and as much of the message as fits, the rest of
+        the message wrapped at word boundaries and the fix on lines of its own, every later line indented."""
+        one = self.format()
+        if len(one) <= width:
+            return [one]
+        head, message, fix = self._parts()
+        out = [ln.rstrip() for ln in wrap(message, width, first=head + " ")]
+        return out + (wrap(fix, width, first=INDENT) if fix else [])
+
+    def _parts(self) -> tuple[str, str, str]:
         where = self.file or "<spec>"
         if self.line is not None:
             where = f"{where}:{self.line}"
         # a file-level problem (not YAML, too large) has no field: no empty `[]`
         field = f" [{self.path}]" if self.path else ""
-        text = f"{where}: {self.severity} {self.code}{field} {self.message}"
-        if self.fix:
-            text += f" Fix: {self.fix}"
-        # one line each, and nothing from the spec (a key, a value) may drive the terminal
-        return visible(text)
+        # nothing from the spec (a key, a value) may drive the terminal
+        return (visible(f"{where}: {self.severity} {self.code}{field}"), visible(self.message),
+                visible(f"Fix: {self.fix}") if self.fix else "")
 
 
 @dataclass
