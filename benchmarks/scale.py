@@ -5,7 +5,7 @@ each command runs as its own process (the best of --repeat runs, so a busy machi
 resident memory read from the kernel's accounting of the finished child. Prints a markdown table and writes JSON
 to --out.
 
-    python benchmarks/scale.py --out scale.json                 # 64, 1,024, 4,096, 16,384 nodes
+    python benchmarks/scale.py --out scale.json                 # 64, 1,024, 4,096, 16,384, 65,536 nodes
     python benchmarks/scale.py --nodes 64 4096 --repeat 1
 """
 
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from launchgen.input.bounds import MAX_NODES
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "multi-node-70b.yaml"
@@ -52,6 +54,8 @@ def _run(argv: list[str], cwd: Path) -> tuple[float, float]:
 
 def measure(nodes: int, repeat: int, work: Path) -> dict[str, Any]:
     data = yaml.safe_load(EXAMPLE.read_text())
+    # the job's nodes are bounded (MAX_NODES, LG108): the bound's row trains on all nodes but the server's
+    nodes = min(nodes, MAX_NODES - data["vllm"]["nodes"])
     data["train"]["nodes"] = nodes
     spec = work / f"nodes-{nodes}.yaml"
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -63,13 +67,14 @@ def measure(nodes: int, repeat: int, work: Path) -> dict[str, Any]:
         runs = [_run(argv, work) for _ in range(repeat)]
         row[f"{verb}_s"] = round(min(r[0] for r in runs), 2)
         row[f"{verb}_mib"] = round(min(r[1] for r in runs), 1)
-    row["script_mib"] = round(script.stat().st_size / 2**20, 2)
+    row["script_mib"] = round(script.stat().st_size / 2**20, 3)
+    row["script_bytes"] = script.stat().st_size
     return row
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, nargs="+", default=[64, 1024, 4096, 16384])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[64, 1024, 4096, 16384, MAX_NODES])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -77,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [measure(n, args.repeat, Path(tmp)) for n in args.nodes]
     print(f"launchgen check / render of examples/multi-node-70b.yaml by train.nodes ({os.cpu_count()} CPUs, best "
           f"of {args.repeat})\n")
-    print("| trainer nodes | GPUs | check s | check MiB | render s | render MiB | script MiB |")
+    print("| trainer nodes | GPUs | check s | check MiB | render s | render MiB | script bytes |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['nodes']:,} | {r['gpus']:,} | {r['check_s']} | {r['check_mib']} | {r['render_s']} | "
-              f"{r['render_mib']} | {r['script_mib']} |")
+              f"{r['render_mib']} | {r['script_bytes']:,} |")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

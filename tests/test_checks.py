@@ -405,11 +405,12 @@ def test_every_check_code_is_documented_and_tested() -> None:
     # LG820 needs a model config with sizes, LG809 is tested with LG620: tests/test_static_checks.py;
     # LG342 needs a model whose config.json is missing or of another family: tests/test_preflight_peft.py
     # LG923 reads the script (the files stage), LG924 and TRL's own rules (LG930-LG941, each agreed with TRL in
-    # tests/trainers/test_trl_rules.py): tests/test_trl_checks.py; LG813/LG814 beside LG809 (tests/test_static_checks.py)
+    # tests/trainers/test_trl_rules.py): tests/test_trl_checks.py; LG813/LG814 beside LG809 (tests/test_static_checks.py);
+    # LG815 renders a script of thousands of server ranks: tests/test_scale.py
     # LG214 needs a config.json with num_hidden_layers: test_pipeline_deeper_than_the_model
     trl_rules = {f"LG9{n}" for n in range(30, 42)}
     tested = {c[0] for c in CASES} | {"LG203", "LG204", "LG205", "LG208", "LG005", "LG820", "LG809", "LG342",
-                                      "LG923", "LG924", "LG214", "LG813", "LG814"} | trl_rules
+                                      "LG923", "LG924", "LG214", "LG813", "LG814", "LG815"} | trl_rules
     assert registered - tested == set(), f"checks without a unit test: {sorted(registered - tested)}"
 
 

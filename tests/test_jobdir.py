@@ -228,11 +228,13 @@ def test_a_real_bash_run_writes_only_contract_lines(tmp_path: Path) -> None:
 
 
 def test_the_contract_is_standard_library_only() -> None:
-    """Trainers, login-node verbs and the compute node's python3 all read it: it pulls in nothing else."""
+    """Trainers, login-node verbs and the compute node's python3 all read it: it pulls in nothing else (but the
+    static record's compact form, whose source the run-record writer carries)."""
     code = ("import sys, launchgen.shared.jobdir; "
             "print(sorted(m for m in sys.modules if m.startswith('launchgen') or m in ('pydantic', 'yaml', 'jinja2')))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert p.stdout.strip() == "['launchgen', 'launchgen.shared', 'launchgen.shared.jobdir']"
+    assert p.stdout.strip() == \
+        "['launchgen', 'launchgen.shared', 'launchgen.shared.jobdir', 'launchgen.shared.noderuns']"
 
 
 def test_templates_take_the_pid_directory_from_the_contract() -> None:

@@ -4,6 +4,7 @@ nodes beside a server that shares node 0 (LG106), a health timeout too short for
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,44 @@ def test_a_nodelist_of_another_size_than_the_plan_is_refused() -> None:
     assert (code, path) == ("LG814", "slurm.extra_directives.0")
     assert "names 4 node(s); the plan asks for 1" in msg, msg
     assert [c for c, _p, _m in _severities(["--nodel node[1-2]"])] == ["LG814"]
+
+
+def _nodefile_issues(extra: list[str]) -> list[tuple[str, str, str]]:
+    """LG814 as `check` judges it (the files stage reads the node file), from the current directory."""
+    base = {"job": {"name": "w"}, "slurm": {"gpus_per_node": 8, "extra_directives": extra},
+            "model": {"name_or_path": "m"}, "vllm": {"mode": "server", "gpus": [0, 1, 2, 3], "tensor_parallel_size": 4},
+            "train": {"nodes": 2, "args": {"data": {"path": "d.jsonl"}}}}
+    _plan, issues = run_checks(load_spec_text(yaml.safe_dump(base, sort_keys=False), "w.yaml"), files=True)
+    return [(i.code, i.severity, i.message) for i in issues if i.code == "LG814"]
+
+
+def test_a_node_file_of_another_size_than_the_plan_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """-F/--nodefile, and a -w value with a `/` (sbatch reads it as a file), judged like --nodelist: the hosts
+    of the file (hostlists between commas, spaces and line breaks) against the plan's 2 nodes. A relative path
+    starts where `check` runs, as sbatch's does where it is submitted."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two").write_text("gpu01\ngpu02\n")
+    (tmp_path / "five").write_text("gpu[01-03], login1\n  login2")
+    for fine in (["-F two"], ["--nodefile=two"], ["--nodef", "two"], [f"-F{tmp_path}/two"], ["-w ./two"]):
+        assert _nodefile_issues([" ".join(fine)]) == [], fine
+    for extra in (["-F five"], ["--nodefile five"], ["--nodelist=./five"], [f"-w {tmp_path / 'five'}"]):
+        [(code, severity, msg)] = _nodefile_issues(extra)
+        assert (code, severity) == ("LG814", "error") and "names 5 node(s); the plan asks for 2" in msg, msg
+        assert "the node file" in msg and "five" in msg
+    # without the files stage (render), the file is not read, and a `/` value is not counted as one host
+    assert _severities(["-w ./five"]) == [] and _severities(["-F five"]) == []
+
+
+def test_a_node_file_that_cannot_be_read_is_a_warning_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo")  # the regular-file guard: a FIFO would block `check`
+    (tmp_path / "dir").mkdir()
+    for name, why in (("missing", "No such file"), ("fifo", "a FIFO"), ("dir", "a directory")):
+        [(code, severity, msg)] = _nodefile_issues([f"-F {name}"])
+        assert (code, severity) == ("LG814", "warning"), msg
+        assert f"cannot read the node file {name}" in msg and why in msg, msg
 
 
 @pytest.mark.parametrize(("directive", "said"), [

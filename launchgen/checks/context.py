@@ -35,6 +35,8 @@ class Ctx:
     loaded: LoadedSpec
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     plan: Plan | None = None
+    #: the cluster's max_script_size (`check --live` reads it from `scontrol show config`); None: SLURM's default
+    script_limit: int | None = None
 
     @property
     def spec(self) -> Spec:

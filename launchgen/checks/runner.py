@@ -128,14 +128,15 @@ def has_errors(issues: Iterable[Issue]) -> bool:
 
 
 def run_checks(loaded: LoadedSpec, *, strict: bool = False, env: Mapping[str, str] | None = None,
-               files: bool = False) -> tuple[Plan | None, list[Issue]]:
+               files: bool = False, script_limit: int | None = None) -> tuple[Plan | None, list[Issue]]:
     """Spec checks (and with `files` the checks of the files the spec names, which need only the Spec), then,
     if no spec check is an error, the plan and the plan checks.
 
     Returns the plan (None when there are errors, strict included) and every issue, sorted by line.
-    Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise.
+    Plan-resolution SpecErrors become issues; nothing a spec can contain makes this raise. `script_limit`: the
+    cluster's max_script_size where `check --live` read it.
     """
-    ctx = Ctx(loaded, dict(os.environ) if env is None else env)
+    ctx = Ctx(loaded, dict(os.environ) if env is None else env, script_limit=script_limit)
     found = _without_moot(_run_stage(ctx, "spec") + (_run_stage(ctx, "files") if files else []))
     issues = without_echo(found)
     if strict:

@@ -127,11 +127,17 @@ def collect(path: str, *, strict: bool = False, live: bool = False, files: bool 
             return None, None, list(exc.issues)
     if isinstance(loaded, list):
         return None, None, loaded
-    plan, issues = run_checks(loaded, strict=strict, files=files)
+    limit_issues: list[Issue] = []
+    script_limit = None
+    if live:
+        from launchgen.checks.live.probes import cluster_script_limit
+
+        script_limit, limit_issues = cluster_script_limit()
+    plan, issues = run_checks(loaded, strict=strict, files=files, script_limit=script_limit)
     if live:
         from launchgen.checks.live.probes import live_checks
 
-        extra = live_checks(loaded)
+        extra = live_checks(loaded) + [i.located(loaded.path, None) for i in limit_issues]
         # what the cluster answered replaces the spec-only guess for the same field (LG813: the release)
         answered = {(i.code, i.path) for i in extra}
         issues = [i for i in issues if i.severity != "warning" or (i.code, i.path) not in answered]

@@ -263,11 +263,30 @@ def node_count(hostlist: str) -> int | None:
     return total
 
 
-def nodelists(directive: str) -> Iterator[tuple[str, str]]:
-    """(option as written, its value) for each --nodelist / -w of one entry (-F/--nodefile names a file)."""
+def _option_values(directive: str, long: str, short: str) -> Iterator[tuple[str, str]]:
+    """(option as written, its value) for each `--<long>` (or a prefix of it) and `-<short>` of one entry."""
     ws = words(directive.strip())
     for i, w in enumerate(ws):
-        if w.startswith("--") and resolve_long(w[2:].split("=", 1)[0]) == "nodelist":
+        if w.startswith("--") and resolve_long(w[2:].split("=", 1)[0]) == long:
             yield w, w.split("=", 1)[1] if "=" in w else (ws[i + 1] if i + 1 < len(ws) else "")
-        elif w.startswith("-w"):
+        elif w.startswith("-" + short):
             yield w, w[2:] or (ws[i + 1] if i + 1 < len(ws) else "")
+
+
+def nodelists(directive: str) -> Iterator[tuple[str, str]]:
+    """(option as written, its hostlist) for each --nodelist / -w of one entry (a value with a `/` names a file:
+    `nodefiles`)."""
+    return ((w, v) for w, v in _option_values(directive, "nodelist", "w") if "/" not in v)
+
+
+def nodefiles(directive: str) -> Iterator[tuple[str, str]]:
+    """(option as written, the file it names) for each -F/--nodefile of one entry, and each --nodelist / -w whose
+    value has a `/`: sbatch reads a node list with a `/` from that file."""
+    yield from _option_values(directive, "nodefile", "F")
+    yield from ((w, v) for w, v in _option_values(directive, "nodelist", "w") if "/" in v)
+
+
+def node_count_of_file(text: str) -> int | None:
+    """Hosts a node file names: hostlists separated by commas, spaces or line breaks (None where one cannot be
+    counted)."""
+    return node_count(",".join(text.split()))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from launchgen.input.loader import LoadedSpec
 from launchgen.input.spec import Spec
 from launchgen.script import scriptvars
-from launchgen.shared import ports
+from launchgen.shared import noderuns, ports
 from launchgen.shared.issues import Issue
 from launchgen.shared.jobdir import EXIT_PREEMPTED, EXIT_SERVER_FAILED, RunRecord
 from launchgen.shared.jobdir import Layout as JobLayout
@@ -89,6 +89,12 @@ class NodePlan:
     @property
     def shared(self) -> bool:
         return len(self.roles) > 1
+
+    def to_json(self) -> dict[str, Any]:
+        """The node's entry in the run record's `nodes`."""
+        return {"position": self.position, "roles": list(self.roles), "server_gpus": list(self.server_gpus),
+                "trainer_gpus": list(self.trainer_gpus), "machine_rank": self.machine_rank,
+                "server_rank": self.server_rank}
 
 
 @dataclass(frozen=True)
@@ -328,6 +334,11 @@ class Plan:
         """The static part of launchgen-plan.json (the script adds names, effective ports, attempt)."""
         return RunRecord(plan=self._static_json()).to_json()
 
+    def static_record(self) -> dict[str, Any]:
+        """launchgen-plan.static.json: `to_json` in its compact form (runs of alike nodes, ranges of positions:
+        `launchgen.shared.noderuns`), so the script embedding it does not grow with the node count."""
+        return RunRecord(plan=noderuns.fold_record(self._static_json())).to_json()
+
     def _static_json(self) -> dict[str, Any]:
         return {
             "launchgen_version": self.version,
@@ -335,17 +346,7 @@ class Plan:
             "job_name": self.job_name,
             "vllm_mode": self.vllm_mode,
             "num_nodes": self.num_nodes,
-            "nodes": [
-                {
-                    "position": n.position,
-                    "roles": list(n.roles),
-                    "server_gpus": list(n.server_gpus),
-                    "trainer_gpus": list(n.trainer_gpus),
-                    "machine_rank": n.machine_rank,
-                    "server_rank": n.server_rank,
-                }
-                for n in self.nodes
-            ],
+            "nodes": [n.to_json() for n in self.nodes],
             "ports": [
                 {"name": p.name, "base": p.base, "var": p.var, "host_position": p.host_position,
                  "spec_path": p.spec_path}

@@ -25,7 +25,7 @@ from launchgen.jobside import allocprobe
 from launchgen.planning.plan import Plan, Ref, Word, bash_issues
 from launchgen.script import preflightfacts, scriptvars
 from launchgen.script.schedulers import SchedulerName, SchedulerProfile, profile
-from launchgen.shared import jobdir, ports
+from launchgen.shared import jobdir, noderuns, ports
 from launchgen.shared.issues import SpecError
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -78,23 +78,59 @@ def heredoc(path_expr: str, content: str) -> str:
     return f"cat >{path_expr} <<'{delim}'\n{body}{delim}\n"
 
 
+#: a run of more consecutive positions than this is one slice of LG_NODES in `nodes_expr`, not one word a node
+NODES_EXPR_RUN = 8
+
+
 def nodes_expr(positions: tuple[int, ...], sep: str) -> str:
-    """`${LG_NODES[i]}<sep>...`: a node list picked from the allocation by position (inside double quotes)."""
-    return sep.join(f"${{LG_NODES[{p}]}}" for p in positions)
+    """`${LG_NODES[i]}<sep>...`: a node list picked from the allocation by position (inside double quotes). A long
+    run of positions is an array slice joined by `sep` (one character), so the script does not grow with it."""
+    parts: list[str] = []
+    for lo, hi in noderuns.ranges(list(positions)):
+        if hi - lo < NODES_EXPR_RUN:
+            parts.extend(f"${{LG_NODES[{p}]}}" for p in range(lo, hi + 1))
+            continue
+        joined = f'"${{LG_NODES[*]:{lo}:{hi - lo + 1}}}"'
+        parts.append(joined[1:-1] if sep == " " else f"$(IFS={q(sep)}; echo {joined})")
+    return sep.join(parts)
 
 
 def gpu_ranges(gpus: tuple[int, ...]) -> str:
-    if not gpus:
-        return "-"
-    out, start, prev = [], gpus[0], gpus[0]
-    for g in [*gpus[1:], None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if g is not None:
-            start = prev = g
-    return ",".join(out)
+    return noderuns.ranges_text(list(gpus)) or "-"
+
+
+def _span(first: int, count: int) -> str:
+    return str(first) if count == 1 else f"{first}-{first + count - 1}"
+
+
+def layout_lines(plan: Plan) -> list[str]:
+    """The header's `# layout` lines: one per run of alike nodes (noderuns.fold_nodes), so the header does not
+    grow with the node count. A multi-node server's leader keeps a line of its own."""
+    runs: list[dict[str, Any]] = []
+    leads = plan.server is not None and len(plan.server.positions) > 1
+    for run in noderuns.fold_nodes([n.to_json() for n in plan.nodes]):
+        count = run.pop("count", 1)
+        if leads and run["server_rank"] == 0 and count > 1:
+            runs.append({**run, "count": 1})
+            run = {**run, "position": run["position"] + 1, "server_rank": 1,
+                   "machine_rank": None if run["machine_rank"] is None else run["machine_rank"] + 1}
+            count -= 1
+        runs.append({**run, "count": count})
+    lines = []
+    for r in runs:
+        n = r["count"]
+        text = f"node {r['position']}:" if n == 1 else f"nodes {_span(r['position'], n)}:"
+        if r["server_rank"] is not None:
+            assert plan.server is not None
+            leader = " leader" if leads and r["server_rank"] == 0 else ""
+            text += (f" server{leader} GPUs {gpu_ranges(tuple(r['server_gpus']))} "
+                     f"(TP {plan.server.tensor_parallel_size})")
+        if r["machine_rank"] is not None:
+            where = "CPU" if plan.device == "cpu" else "GPUs " + gpu_ranges(tuple(r["trainer_gpus"]))
+            text += (" +" if r["server_rank"] is not None else "") + \
+                f" trainer machine rank{'s' if n > 1 else ''} {_span(r['machine_rank'], n)}, {where}"
+        lines.append(text)
+    return lines
 
 
 class _QuietCache(jinja2.FileSystemBytecodeCache):
@@ -142,10 +178,12 @@ def environment() -> jinja2.Environment:
     env.filters["words"] = words
     env.filters["comment"] = comment
     env.filters["gpu_ranges"] = gpu_ranges
+    env.filters["ranges"] = lambda v: noderuns.ranges_text(list(v))
     env.filters["has_quotes"] = lambda v: any(c in str(v) for c in "'\"\\")
     env.globals["nodes_expr"] = nodes_expr
     env.globals["port_expr"] = ports.shell_expr
     env.globals["heredoc"] = heredoc
+    env.globals["layout_lines"] = layout_lines
     return env
 
 
@@ -176,7 +214,7 @@ def render_files(plan: Plan, scheduler: SchedulerName) -> dict[str, str]:
         plan.layout.spec: plan.spec_yaml,
         plan.layout.trainer_config: plan.trainer.config_yaml,
         plan.layout.accelerate_config: plan.trainer.accelerate_config_yaml,
-        plan.layout.plan_static_json: json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n",
+        plan.layout.plan_static_json: json.dumps(plan.static_record(), indent=2, sort_keys=True) + "\n",
     }
     files.update(render_steps(plan, scheduler))
     if plan.preflight:  # Python, beside the step scripts: the preflight step runs it with the node's python3

@@ -12,6 +12,10 @@ from typing import Literal
 
 SchedulerName = Literal["sbatch", "bash"]
 
+#: SLURM's default max_script_size (slurm.conf SchedulerParameters): slurmctld refuses a larger batch script
+#: (LG815 for a job's script, LG024 for a sweep's array script)
+SBATCH_MAX_SCRIPT_SIZE = 4 * 1024 * 1024
+
 
 @dataclass(frozen=True)
 class SchedulerProfile:

@@ -18,12 +18,9 @@ from launchgen import __version__
 from launchgen.input.sweep import Point, Sweep
 from launchgen.planning.plan import Plan
 from launchgen.script.render import environment, heredoc_delimiter, render_script
-from launchgen.script.schedulers import SchedulerName
+from launchgen.script.schedulers import SBATCH_MAX_SCRIPT_SIZE, SchedulerName
 from launchgen.shared import jobdir
 from launchgen.shared.issues import Issue
-
-#: sbatch refuses a larger script unless the cluster raises SchedulerParameters=max_script_size
-SBATCH_SCRIPT_LIMIT = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ def notes(scripts: Sequence[SweepScript], file: str, line: int | None = None) ->
             out.append(Issue("LG025", "sweep", f"script {k}: {why}: {names}", "Submit each script.", "info",
                              line, file))
     for s in scripts:
-        if len(s.text.encode()) > SBATCH_SCRIPT_LIMIT:
+        if len(s.text.encode()) > SBATCH_MAX_SCRIPT_SIZE:
             out.append(Issue("LG024", "sweep", f"the array script of {len(s.points)} points is "
                              f"{len(s.text.encode()) // 1024} KiB; sbatch refuses scripts over 4 MiB unless the "
                              "cluster raises max_script_size", "Split the sweep (sweep.points, or several "

@@ -8,8 +8,9 @@ One owner for every name and format the pieces share, so they cannot drift apart
 * `launchgen status` / `logs` read the directory only through the layout, the run record and `parse_event`;
 * the trainers take their exit codes and completion-marker name from here; `launchgen.jobside.rank` its pid/exit files.
 
-Standard library only, and no launchgen imports: it runs on login nodes (check, render, status) and inside
-trainer processes, and `RUN_RECORD_WRITER` runs under the compute node's plain `python3`.
+Standard library only, and no launchgen imports but `launchgen.shared.noderuns` (the static record's compact
+form, stdlib-only too): it runs on login nodes (check, render, status) and inside trainer processes, and
+`RUN_RECORD_WRITER` runs under the compute node's plain `python3`.
 
 Layout (relative to the job directory; `{attempt}` and `{node}` are filled at run time)::
 
@@ -37,6 +38,8 @@ from dataclasses import Field, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from launchgen.shared import noderuns
 
 # ------------------------------------------------------------------------------------------- exit codes ---
 
@@ -453,7 +456,7 @@ class RunRecord:
             v, want = data[f.name], f.metadata["kind"]
             ok = isinstance(v, want) and not isinstance(v, bool)
             runtime[f.name] = v if ok else None
-        plan = {k: v for k, v in data.items() if k not in runtime and k != "record_version"}
+        plan = noderuns.expand_record({k: v for k, v in data.items() if k not in runtime and k != "record_version"})
         version = data.get("record_version")
         return cls(plan=plan, version=version if isinstance(version, int) else 0, **runtime)
 
@@ -497,13 +500,13 @@ def run_time_fields() -> tuple[Field[Any], ...]:
 
 
 #: The program the job script runs with the node's `python3` at the start of every attempt: the static record
-#: (argv[1]) + the attempt's node names, ports, log paths -> launchgen-plan.json (argv[2]) and a copy in the
-#: attempt's log folder. Standard library only (the node's python3 need not have launchgen); it reads the names
+#: (argv[1], expanded by `launchgen.shared.noderuns`, whose source it starts with) + the attempt's node names,
+#: ports, log paths -> launchgen-plan.json (argv[2]) and a copy in the attempt's log folder. Standard library only (the node's python3 need not have launchgen); it reads the names
 #: above from the static record's layout. The record's run-time keys and their values are `RunRecord`'s
 #: (`_at_run_time`), written out here one per line, so the writer cannot fill a key the reader does not know.
-RUN_RECORD_WRITER = """\
+RUN_RECORD_WRITER = Path(noderuns.__file__).read_text() + """
 import json, os, sys, time
-plan = json.load(open(sys.argv[1]))
+plan = expand_record(json.load(open(sys.argv[1])))
 env = os.environ
 names = env["LG_NODE_LIST"].split()
 attempt = env["LG_ATTEMPT"]

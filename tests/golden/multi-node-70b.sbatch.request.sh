@@ -5,10 +5,7 @@
 # usage: sbatch FILE
 #
 # layout (5 node(s) by position in the allocation; vLLM: server):
-#   node 0: trainer machine rank 0, GPUs 0-7
-#   node 1: trainer machine rank 1, GPUs 0-7
-#   node 2: trainer machine rank 2, GPUs 0-7
-#   node 3: trainer machine rank 3, GPUs 0-7
+#   nodes 0-3: trainer machine ranks 0-3, GPUs 0-7
 #   node 4: server GPUs 0-7 (TP 8)
 # ports: main_process=29500@node0 server_http=8000@node4 group=29510@node0
 #SBATCH --job-name=grpo-70b

@@ -5,8 +5,7 @@
 # usage: sbatch FILE
 #
 # layout (2 node(s) by position in the allocation; vLLM: none):
-#   node 0: trainer machine rank 0, GPUs 0-7
-#   node 1: trainer machine rank 1, GPUs 0-7
+#   nodes 0-1: trainer machine ranks 0-1, GPUs 0-7
 # ports: main_process=29500@node0
 #SBATCH --job-name=sft
 #SBATCH --nodes=2

@@ -170,3 +170,15 @@ def test_the_release_table_agrees_with_this_clusters_sbatch(cluster: Cluster, tm
     _names, err, _refused = _sbatch(tmp_path, written)
     newer = bool(directives.newer_than(written, release))
     assert ("unrecognized option" in err) == newer, (name, release, err)
+
+
+@pytest.mark.parametrize("directive", ["-F two", "--nodefile=five", "--nodef five", "-w ./five", "-F ./two"])
+def test_node_files_are_counted_as_sbatch_counts_them(cluster: Cluster, tmp_path: Path, directive: str) -> None:
+    """LG814 reads -F/--nodefile (and a -w value with a `/`) as sbatch does: this cluster's sbatch, asked for
+    the plan's 2 nodes, refuses the 5-node file (`invalid number of nodes`) and takes the 2-node one."""
+    (tmp_path / "two").write_text("node1\nnode2\n")
+    (tmp_path / "five").write_text("node[1-3]\nnode4 node5\n")
+    [(_written, path)] = list(directives.nodefiles(directive))
+    count = directives.node_count_of_file((tmp_path / path).read_text())
+    _names, err, refused = _sbatch(tmp_path, f"{directive}\n#SBATCH -N 2")
+    assert refused == (count != 2), (count, err)

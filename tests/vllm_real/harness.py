@@ -79,6 +79,35 @@ def server_env(pythonpath: Path | None = None) -> dict[str, str]:
     return env
 
 
+def run_bounded(argv: list[str], env: dict[str, str], timeout: float, what: str,
+                server: RealServer | None = None) -> subprocess.CompletedProcess[str]:
+    """`argv` to its end, within `timeout` s. Past it the process gets SIGABRT, so Python's faulthandler
+    (PYTHONFAULTHANDLER, set here) prints where each of its threads waited, and the test fails with that, the
+    output's tail and the server's log: a hang is a failure that says what it waited for."""
+    proc = subprocess.Popen(argv, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(no traceback: it did not end 30 s after SIGABRT)"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # and whatever it started
+        proc.communicate()
+        import pytest
+
+        pytest.fail(f"{what} did not finish within {timeout:g} s; where its threads waited (faulthandler, at "
+                    f"SIGABRT):\n{err[-8000:]}\n--- its stdout:\n{out[-2000:]}"
+                    + (f"\n--- the server's log:\n{server.log_text(3000)}" if server is not None else ""),
+                    pytrace=False)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # nothing it started outlives it
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 @dataclass
 class RealServer:
     proc: subprocess.Popen[bytes]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from launchgen.trainers.generation.vllm_client import VLLMClient
 from trl_runs import trl_cfg
 
 from vllm_real.common import LOGPROB_TOL, REPO_ROOT, connect, load_model, max_logprob_gap
-from vllm_real.harness import RealServer, free_port
+from vllm_real.harness import RealServer, free_port, run_bounded
 
 pytestmark = pytest.mark.vllm_real
 
@@ -46,8 +45,10 @@ def test_trl_trainer_trains_against_the_real_server_and_syncs_over_gloo(
     path.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "trainers"), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([str(real_venv / "bin" / "python"), "-m", "launchgen.trainers.trl", "--config", str(path)],
-                         env=env, capture_output=True, text=True, timeout=540)
+    # TRL's client waits are bounded by launchgen.trainers.trl.server (each request, the gloo group); this bound
+    # on the whole run names where the trainer waited if it still hangs
+    run = run_bounded([str(real_venv / "bin" / "python"), "-m", "launchgen.trainers.trl", "--config", str(path)],
+                      env, 540, f"the TRL {name} trainer (3 steps against the shared server)", healthy_shared)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     out = Path(cfg["args"]["output_dir"])
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -21,6 +21,7 @@ from launchgen.checks.live.command import PROBE_TIMEOUT, ProbeSkipped, Runner, r
 from launchgen.checks.live.containers import ProbeUnavailable, probe_runtimes
 from launchgen.checks.live.fit import probe_gpu_memory
 from launchgen.checks.live.setup import probe_setup
+from launchgen.checks.spec import scriptsize
 from launchgen.checks.spec.kernels import (
     FLASH_ATTN2_REPO,
     attn_setting,
@@ -336,6 +337,19 @@ def probe_sbatch_release(ctx: Ctx, runner: Runner) -> Iterator[Issue]:
             yield ctx.issue("LG813", f"slurm.extra_directives.{i}",
                             f"{written} came with Slurm {since}; this cluster's sbatch ({release}) refuses the script "
                             "with `unrecognized option`", severity="error")
+
+
+# --- the cluster's max_script_size --------------------------------------------------------------------------
+
+
+def cluster_script_limit(runner: Runner = run_command) -> tuple[int | None, list[Issue]]:
+    """This cluster's max_script_size from `scontrol show config` (None: unset, SLURM's default applies, or the
+    probe could not run: then an `info` issue says so). `check --live` hands it to the LG815 check."""
+    try:
+        config = runner(["scontrol", "show", "config"], PROBE_TIMEOUT).stdout
+    except ProbeSkipped as exc:
+        return None, [_skip("the max_script_size probe (scontrol show config)", str(exc))]
+    return scriptsize.max_script_size_of(config), []
 
 
 # --- entry point ------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 * LG809: a `slurm.extra_directives` option sbatch does not know (20.11-25.11): sbatch refuses the script at
   submission (`unrecognized option`), typically a typo (`--constrain=`) or an srun-only option.
 * LG813: an option newer than the cluster's Slurm (`slurm.version`; unset, newer than 22.05: a warning).
-* LG814: `--nodelist` / `-w` naming more or fewer nodes than the plan asks for.
+* LG814: `--nodelist` / `-w` naming more or fewer nodes than the plan asks for; a node file
+  (`-F/--nodefile`, or a `-w` value with a `/`) is read by `check` only: launchgen.checks.files.nodefile.
 
 Registered with `launchgen.checks.registry.check` like every check.
 """
@@ -162,19 +163,29 @@ def extra_directives_in_release(ctx: Ctx) -> Iterator[Issue]:
                                 severity="warning")
 
 
-_doc("LG814", "error", "slurm.extra_directives names a --nodelist (-w) of more or fewer nodes than the plan asks "
-     "for; sbatch refuses the job, or the plan's node positions miss the named nodes.",
+_doc("LG814", "error", "slurm.extra_directives names a --nodelist (-w) or a node file (-F/--nodefile, or a -w "
+     "value with a `/`) of more or fewer nodes than the plan asks for; sbatch refuses the job, or the plan's node "
+     "positions miss the named nodes. A warning where `check` cannot read the node file.",
      "Name exactly train.nodes + vllm.nodes hosts, or drop the option (`--constraint` or `--exclude` choose "
      "nodes without fixing their count).")
 
 
+def _planned_nodes(ctx: Ctx) -> int:
+    # a heterogeneous job's #SBATCH lines before `hetjob` are its first component: the trainer nodes
+    return len(ctx.layout.trainer_positions) if is_hetjob(ctx.spec) else ctx.layout.num_nodes
+
+
+def node_count_differs(ctx: Ctx, i: int, what: str, n: int | None) -> Iterator[Issue]:
+    """LG814 where extra directive `i`'s `what` names `n` nodes and the plan another count (the node file's
+    check, launchgen.checks.files.nodefile, shares it)."""
+    want = _planned_nodes(ctx)
+    if n is not None and n != want:
+        yield ctx.issue("LG814", f"slurm.extra_directives.{i}",
+                        f"{what} names {n} node(s); the plan asks for {want} (train.nodes + vllm.nodes)")
+
+
 @check("LG814")
 def nodelist_matches_the_plan(ctx: Ctx) -> Iterator[Issue]:
-    # a heterogeneous job's #SBATCH lines before `hetjob` are its first component: the trainer nodes
-    want = len(ctx.layout.trainer_positions) if is_hetjob(ctx.spec) else ctx.layout.num_nodes
     for i, d in enumerate(ctx.spec.slurm.extra_directives):
         for written, hosts in directives.nodelists(d):
-            n = directives.node_count(hosts)
-            if n is not None and n != want:
-                yield ctx.issue("LG814", f"slurm.extra_directives.{i}",
-                                f"{written} names {n} node(s); the plan asks for {want} (train.nodes + vllm.nodes)")
+            yield from node_count_differs(ctx, i, written, directives.node_count(hosts))
