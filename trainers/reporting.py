@@ -30,6 +30,7 @@ from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.errors import TrainerSetupError
 
 from launchgen.shared.jobdir import METRICS_FILE, METRICS_WALL_KEY, STEP_LINE_PREFIX
+
 #: Metrics shown on the plain line, in order, with their formats (shown when the window produced them).
 LINE_METRICS = (("reward", ".4f"), ("loss", ".5g"), ("kl", ".6f"))
 #: Per-phase times shown on the plain line: metric key -> label.
