@@ -8,34 +8,15 @@ cd "$(dirname "$0")/.."
 launchgen check examples/local-cpu-quickstart.yaml
 launchgen render examples/local-cpu-quickstart.yaml --bash -o quickstart.sh --force
 # this run's attempt: the job script takes the first logs/attempt-<N> that does not exist yet (a re-run into the
-# same job directory is attempt 1, 2, ...), so its progress is never an earlier run's
+# same job directory is attempt 1, 2, ...), so what is read below is never an earlier run's
 attempt=0
 while [ -e "launchgen-runs/local/logs/attempt-$attempt" ]; do attempt=$((attempt + 1)); done
 trainer_log=launchgen-runs/local/logs/attempt-$attempt/trainer-local.log
 
-# The trainer writes one plain line per logging step to its log (launchgen.trainers.reporting); show each new one
-# here while the job runs, so the terminal is not silent for the minutes it trains.
-show_progress() {
-  local shown=0 n alive
-  while :; do
-    alive=1
-    kill -0 "$1" 2>/dev/null || alive=0  # before reading: the lines of a job that just ended are still shown
-    if [ -f "$trainer_log" ]; then
-      n=$(grep -c '^\[launchgen\] step ' "$trainer_log" || true)
-      if ((n > shown)); then
-        grep '^\[launchgen\] step ' "$trainer_log" | tail -n "+$((shown + 1))" | head -n "$((n - shown))"
-        shown=$n
-      fi
-    fi
-    ((alive)) || break
-    sleep 1
-  done
-}
-bash quickstart.sh &
-job=$!
-show_progress "$job"
+# the job script shows the trainer's `[launchgen] step` line per logging step as it trains (on stderr, beside its
+# own `launchgen:` lines)
 rc=0
-wait "$job" || rc=$?
+bash quickstart.sh || rc=$?
 if ((rc != 0)); then
   # the job's own last lines above say why (a refused re-run names the fields that differ)
   echo "the job failed (exit $rc); its trainer log: $trainer_log" >&2

@@ -300,6 +300,18 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     log = job / "logs" / "attempt-0" / "trainer-local.log"
     assert res.returncode == 0, res.stderr + (log.read_text()[-3000:] if log.exists() else "")
     assert (job / "trainer" / "launchgen-complete.json").is_file()
+    # `bash job.sh` shows each step's line as it trains, on a line of its own, before the job's last line
+    lines = res.stderr.splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("[launchgen] step ")]
+    assert [lines[i].split()[2] for i in steps] == ["1/4", "2/4", "3/4", "4/4"], res.stderr[-3000:]
+    assert steps[-1] < next(i for i, line in enumerate(lines) if "training complete" in line)
+    # nothing of the follower outlives the script (tail polls for the trainer's end every 0.5 s)
+    for _ in range(10):
+        left = subprocess.run(["pgrep", "-f", f"tail -n \\+1 -F .*{tmp_path}"], capture_output=True, text=True)
+        if left.returncode == 1:
+            break
+        time.sleep(0.5)
+    assert left.returncode == 1, left.stdout
     assert (job / "trainer" / "metrics.jsonl").read_text().strip()
     # its picture (issue 28): `launchgen report` on the job directory, opened in headless Chromium
     from chromium import assert_figures_rendered, open_in_chromium
@@ -326,8 +338,10 @@ def test_quickstart_prints_a_progress_line_per_step_while_it_trains(tmp_path: Pa
     res = subprocess.run(["bash", str(ex / "quickstart.sh")], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    steps = [line.split()[2] for line in res.stdout.splitlines() if line.startswith("[launchgen] step ")]
-    assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stdout
+    # the job script's own follower shows them (on stderr), each on a line of its own, once each
+    steps = [line.split()[2] for line in res.stderr.splitlines() if line.startswith("[launchgen] step ")]
+    assert steps == ["1/4", "2/4", "3/4", "4/4"], res.stderr[-3000:]
+    assert "[launchgen] step" not in res.stdout
     assert "metrics: launchgen-runs/local/trainer/metrics.jsonl" in res.stdout
 
     # again, into the finished job directory: it says nothing was trained, never shows the old metrics as new

@@ -74,6 +74,9 @@ def test_each_trl_entry_runs_two_steps_under_the_rendered_bash_script(name: str,
     steps = [json.loads(x)["step"] for x in (job / "trainer" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     assert [x.split()[2] for x in log.read_text().splitlines() if x.startswith("[launchgen] step")] == ["1/2", "2/2"]
+    # and on the terminal that ran `bash job.sh`, as they came
+    assert [x.split()[2] for x in res.stderr.splitlines() if x.startswith("[launchgen] step")] == ["1/2", "2/2"], \
+        res.stderr[-3000:]
     # the report places both steps on the trainer's timeline (on main a TRL record had no time stamp: none)
     report = runreport.build("local", job)
     marks = [m for lane in report.lanes if lane.role == "trainer" for m in lane.marks if m.kind == "step"]
@@ -110,6 +113,8 @@ def test_the_user_script_example_runs_under_its_rendered_bash_script(tmp_path: P
     # each step's line on its own line (on main, transformers' bar ran into all but the first: issue 35)
     assert [x.split()[2] for x in text.splitlines() if x.startswith("[launchgen] step")] == ["1/2", "2/2"], text
     assert "\r" not in text
+    assert [x.split()[2] for x in res.stderr.splitlines() if x.startswith("[launchgen] step")] == ["1/2", "2/2"], \
+        res.stderr[-3000:]
     assert (job / "trainer" / "model.safetensors").is_file()  # the script's own trainer.save_model(output_dir)
 
 

@@ -29,10 +29,8 @@ from typing import Any
 from launchgen.trainers.declarations.config import TrainerConfig
 from launchgen.trainers.declarations.errors import TrainerSetupError
 
-from launchgen.shared.jobdir import METRICS_FILE, METRICS_WALL_KEY
+from launchgen.shared.jobdir import METRICS_FILE, METRICS_WALL_KEY, STEP_LINE_PREFIX
 
-#: The plain line's prefix (grep for it).
-LINE_PREFIX = "[launchgen] step"
 #: Metrics shown on the plain line, in order, with their formats (shown when the window produced them).
 LINE_METRICS = (("reward", ".4f"), ("loss", ".5g"), ("kl", ".6f"))
 #: Per-phase times shown on the plain line: metric key -> label.
@@ -83,7 +81,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 def format_line(step: int, max_steps: int, metrics: dict[str, Any], tokens_per_s: float | None) -> str:
     """The plain text line of one logging step (missing or NaN fields are left out)."""
-    parts = [f"{LINE_PREFIX} {step}/{max_steps}"]
+    parts = [f"{STEP_LINE_PREFIX}{step}/{max_steps}"]
     for key, fmt in LINE_METRICS:
         v = metrics.get(key)
         if isinstance(v, (int, float)) and not math.isnan(v):

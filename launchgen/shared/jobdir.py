@@ -71,6 +71,8 @@ COMPLETE_MARKER = "launchgen-complete.json"
 #: METRICS_WALL_KEY: when the record was written (Unix seconds), which places the step on the job's timeline
 METRICS_FILE = "metrics.jsonl"
 METRICS_WALL_KEY = "time/wall"
+#: the plain progress line a trainer's main process prints per logging step (the job script shows them as they come)
+STEP_LINE_PREFIX = "[launchgen] step "
 #: the wall seconds of one optimizer step in a metrics record (`launchgen plan --from-run` turns it into GPU-hours)
 STEP_TIME_METRIC = "time/step"
 #: what older runs logged instead of `time/step`: the phases of a step, summed
@@ -548,6 +550,8 @@ def template_context() -> dict[str, Any]:
         "server_rank_file": SERVER_RANK_FILE,
         "vllm_rendezvous_mark": VLLM_RENDEZVOUS_MARK,
         "wrapper_error_lines": WRAPPER_ERROR_LINES,
+        # as a grep pattern (a basic regular expression anchored at the line's start)
+        "step_line_bre": "^" + re.sub(r"([][.*^$\\])", r"\\\1", STEP_LINE_PREFIX),
     }
 
 

@@ -894,6 +894,7 @@ lg_log "preflight passed on every node in $LG_PREFLIGHT_S s"
 # the trainer's status; the server failing first (dying, or never healthy) ends the job with 1 or the trainer's error
 LG_SERVER_PID=""
 LG_TRAINER_PID=""
+LG_FOLLOW_PID=""
 LG_USR2=0
 LG_USR2_DEADLINE=0
 LG_FINISHED=0
@@ -973,6 +974,14 @@ lg_on_exit() {
   if ((LG_FINISHED == 0)); then
     lg_stop_all
   fi
+  if [[ -n $LG_FOLLOW_PID ]]; then
+    # the step-line follower ends by itself, its last lines out, within a second of the trainer step (tail --pid)
+    for _ in 1 2 3 4; do
+      kill -0 "$LG_FOLLOW_PID" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill "$LG_FOLLOW_PID" 2>/dev/null || true
+  fi
   lg_event "exit status=$rc"
 }
 # shellcheck disable=SC2329  # called by the trap below, which shellcheck does not follow
@@ -1000,6 +1009,11 @@ srun --export=ALL --overlap --kill-on-bad-exit=1 --nodes=1 --ntasks=1 --ntasks-p
   bash "$LG_JOB_DIR/steps/trainer.sh" </dev/null &
 LG_TRAINER_PID=$!
 
+# the trainer's step lines (its first node's log: the main process prints them) here as they come, so the
+# terminal (the job's output) shows progress; tail stops once the trainer step has ended
+tail -n +1 -F -s 0.5 --pid="$LG_TRAINER_PID" -- "$LG_LOG_DIR/trainer-${LG_TRAIN_NODES%% *}.log" 2>/dev/null |
+  grep --line-buffered -e '^\[launchgen\] step ' >&2 &
+LG_FOLLOW_PID=$!
 
 # ---- watch both sides every 1 s
 LG_RC=0

@@ -186,6 +186,9 @@ def test_happy_path(cluster: Cluster, work: Path, jobs: list[Job], shared_tiny_m
 
     # training ran every step once, with the real trainer, as ONE process group over all trainer nodes
     assert [m["step"] for m in j.metrics()] == [1, 2, 3], j.describe()
+    # the job's output shows each step's line as it trained (from the first trainer node's log, however many)
+    shown = [x.split()[2] for x in j.batch_log().splitlines() if x.startswith("[launchgen] step ")]
+    assert shown == ["1/3", "2/3", "3/3"], j.describe()
     state_file = j.job_dir / "trainer" / "checkpoint-3" / "trainer_state.json"
     world = json.loads(state_file.read_text())["num_processes"] if state_file.is_file() else None
     assert world == (1 if layout == "single" else 2), (
