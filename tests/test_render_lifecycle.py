@@ -305,7 +305,7 @@ def test_local_cpu_quickstart_runs_the_real_trainer(tmp_path: Path, tiny_model_d
     steps = [i for i, line in enumerate(lines) if line.startswith("[launchgen] step ")]
     assert [lines[i].split()[2] for i in steps] == ["1/4", "2/4", "3/4", "4/4"], res.stderr[-3000:]
     assert steps[-1] < next(i for i, line in enumerate(lines) if "training complete" in line)
-    # nothing of the follower outlives the script (tail polls for the trainer's end every 0.5 s)
+    # nothing of the follower outlives the script (tail polls for the trainer's end every 0.2 s)
     for _ in range(10):
         left = subprocess.run(["pgrep", "-f", f"tail -n \\+1 -F .*{tmp_path}"], capture_output=True, text=True)
         if left.returncode == 1:

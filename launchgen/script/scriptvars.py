@@ -103,6 +103,7 @@ LG_MASTER_PORT = _var("LG_MASTER_PORT", "vllm.master_port + offset (a replica ov
 LG_SERVER_PID = _var("LG_SERVER_PID", "the server step's srun (or process) id, which the supervisor waits on")
 LG_TRAINER_PID = _var("LG_TRAINER_PID", "the trainer step's srun (or process) id, which the supervisor waits on")
 LG_WATCHER_PID = _var("LG_WATCHER_PID", "the health watcher's process, stopped when the job ends")
+LG_FOLLOW_PID = _var("LG_FOLLOW_PID", "the follower that shows the trainer's step lines (tail -F | grep), stopped when the job ends")
 LG_STEP_PGIDS = _var("LG_STEP_PGIDS", "file of the steps' process groups, so a signal reaches each whole step")
 LG_USR2 = _var("LG_USR2", "1 once the pre-timeout USR2 arrived: the attempt ends as preempted and requeues")
 LG_USR2_DEADLINE = _var("LG_USR2_DEADLINE", "when the trainer must have stopped after USR2 before it is killed")
