@@ -3,7 +3,8 @@
 Six layouts keep their whole script (`FULL`): together they reach every template line any example reaches (a
 test keeps that true), so a change to the machinery (supervisor, requeue, preflight step) shows in those six.
 In them the preflight program, `launchgen/jobside/allocprobe.py` verbatim, is stored as its hash: the heredoc's
-delimiter is the content's sha256 prefix, and a test holds every script's copy to the source. Every other
+delimiter is the content's sha256 prefix, and a test holds every script's copy to the source; the run-record
+writer's first part, `launchgen/shared/noderuns.py` verbatim, is one marker line. Every other
 case keeps what varies with its spec: the script up to the machinery rule (header, `#SBATCH`, the role steps,
 the resolved configs and spec), as `<example>.<scheduler>.request.sh`.
 
@@ -25,6 +26,7 @@ from render_cases import EXAMPLES, SCHEDULERS, plan_for, renderable
 from launchgen.jobside import allocprobe
 from launchgen.script import render
 from launchgen.script.render import MACHINERY_RULE, render_files, render_script
+from launchgen.shared import noderuns
 from launchgen.shared.issues import SpecError
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -42,6 +44,9 @@ FULL = {
 #: the embedded programs that are a launchgen source file verbatim, stored in full goldens as their hash
 CONSTANT_PROGRAMS = {"steps/preflight.py": "launchgen/jobside/allocprobe.py",
                      "steps/vllmprobe.py": "launchgen/jobside/vllmprobe.py"}
+#: the record writer's first part (jobdir.RUN_RECORD_WRITER), stored in full goldens as one line
+NODERUNS_SOURCE = Path(noderuns.__file__).read_text()
+NODERUNS_MARK = "# [golden: launchgen/shared/noderuns.py verbatim]\n"
 MAX_GOLDEN_LINES = 15_000
 HEREDOC = re.compile(r"^\s*cat >\"\$LG_JOB_DIR\"/(\S+) <<'(\S+)'$")
 
@@ -65,7 +70,8 @@ def golden_text(example: str, scheduler: str, script: str) -> str:
         if m and m.group(1) in CONSTANT_PROGRAMS:
             end = m.group(2)
             out.append(f"# [golden: {CONSTANT_PROGRAMS[m.group(1)]} verbatim; its sha256 begins the delimiter]\n")
-    return "".join(out)
+    # the run-record writer starts with noderuns.py verbatim (test_the_record_writer_embeds_noderuns_verbatim)
+    return "".join(out).replace(NODERUNS_SOURCE, NODERUNS_MARK)
 
 
 @pytest.mark.parametrize(("example", "scheduler"), CASES)
@@ -112,6 +118,16 @@ def test_constant_programs_are_their_source_verbatim() -> None:
         if renderable(example, scheduler) and plan_for(example).preflight:
             files = render_files(plan_for(example), scheduler)  # type: ignore[arg-type]
             assert {n: files[n] for n in CONSTANT_PROGRAMS} == allocprobe.sources(), (example, scheduler)
+
+
+def test_the_record_writer_embeds_noderuns_verbatim() -> None:
+    """What the full goldens store as one line is in every script: noderuns.py, whole, once, before its caller."""
+    for example, scheduler in CASES:
+        if renderable(example, scheduler):
+            script = render_script(plan_for(example), scheduler)  # type: ignore[arg-type]
+            assert script.count(NODERUNS_SOURCE) == 1, (example, scheduler)
+            assert script.index(NODERUNS_SOURCE) < script.index("expand_record(", script.index(NODERUNS_SOURCE)
+                                                                + len(NODERUNS_SOURCE)), (example, scheduler)
 
 
 def _reached_template_lines(example: str, scheduler: str) -> set[str]:
