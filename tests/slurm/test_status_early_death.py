@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from slurmkit import FAKES, Cluster, cancel, job, launchgen_cmd, run_job, sh, state, wait_for
+from tools import unwrapped
 
 pytestmark = pytest.mark.slurm
 
@@ -37,7 +38,7 @@ def test_batch_script_death_is_explained(cluster: Cluster) -> None:
     spec = _spec(cluster, work)
     (work / "spec.yaml").write_text(json.dumps(spec))
     p = sh([*launchgen_cmd(cluster), "check", "--live", "spec.yaml"], check=False, cwd=work)
-    assert p.returncode == 2 and "error LG730 [slurm.setup.0]" in p.stderr, p.stderr
+    assert p.returncode == 2 and "error LG730 [slurm.setup.0]" in unwrapped(p.stderr), p.stderr
 
     j = run_job(cluster, spec, work)
     try:
@@ -84,4 +85,4 @@ def test_logs_follow_a_running_job_until_it_ends(cluster: Cluster) -> None:
     out = p.stdout.splitlines()
     crash = "fake trainer: crashing at step 30 with exit 3"
     assert crash in out and out.index(crash) > next(i for i, ln in enumerate(out) if "fake trainer on" in ln), out
-    assert "the job is over" in p.stderr and time.monotonic() - t0 > 4, "it followed, then stopped by itself"
+    assert "the job is over" in unwrapped(p.stderr) and time.monotonic() - t0 > 4, "it followed, then stopped by itself"
