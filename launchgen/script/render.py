@@ -99,10 +99,6 @@ def gpu_ranges(gpus: tuple[int, ...]) -> str:
     return noderuns.ranges_text(list(gpus)) or "-"
 
 
-def _span(first: int, count: int) -> str:
-    return str(first) if count == 1 else f"{first}-{first + count - 1}"
-
-
 def layout_lines(plan: Plan) -> list[str]:
     """The header's `# layout` lines: one per run of alike nodes (noderuns.fold_nodes), so the header does not
     grow with the node count. A multi-node server's leader keeps a line of its own."""
@@ -119,7 +115,7 @@ def layout_lines(plan: Plan) -> list[str]:
     lines = []
     for r in runs:
         n = r["count"]
-        text = f"node {r['position']}:" if n == 1 else f"nodes {_span(r['position'], n)}:"
+        text = f"node {r['position']}:" if n == 1 else f"nodes {noderuns.span_text(r['position'], r['position'] + n - 1)}:"
         if r["server_rank"] is not None:
             assert plan.server is not None
             leader = " leader" if leads and r["server_rank"] == 0 else ""
@@ -128,7 +124,7 @@ def layout_lines(plan: Plan) -> list[str]:
         if r["machine_rank"] is not None:
             where = "CPU" if plan.device == "cpu" else "GPUs " + gpu_ranges(tuple(r["trainer_gpus"]))
             text += (" +" if r["server_rank"] is not None else "") + \
-                f" trainer machine rank{'s' if n > 1 else ''} {_span(r['machine_rank'], n)}, {where}"
+                f" trainer machine rank{'s' if n > 1 else ''} {noderuns.span_text(r['machine_rank'], r['machine_rank'] + n - 1)}, {where}"
         lines.append(text)
     return lines
 

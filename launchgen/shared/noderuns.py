@@ -41,7 +41,12 @@ def ranges(values: list[int]) -> list[tuple[int, int]]:
 
 def ranges_text(values: list[int]) -> str:
     """[0, 1, 2, 3, 8] -> "0-3,8" (empty: "")."""
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges(values))
+    return ",".join(span_text(lo, hi) for lo, hi in ranges(values))
+
+
+def span_text(lo: int, hi: int) -> str:
+    """One run of values as text: `3`, or `0-4095`."""
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def ranges_list(text: str) -> list[int]:
